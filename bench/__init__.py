@@ -1,0 +1,1 @@
+"""Benchmarks: placement quality and speed, cluster packing, extender latency and throughput."""

@@ -1,0 +1,1 @@
+"""The kube-scheduler HTTP extender: filter, prioritize and bind over live cluster state."""

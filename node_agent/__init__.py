@@ -1,0 +1,1 @@
+"""The per-node agent: GPU discovery, topology publishing, health, device plugin and sharing shim."""
