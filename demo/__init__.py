@@ -1,0 +1,1 @@
+"""`make demo`: the whole system on an embedded cluster, no Kubernetes needed."""

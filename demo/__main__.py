@@ -1,0 +1,122 @@
+"""`python -m demo`: start the extender on an embedded cluster and schedule a mixed pod stream.
+
+The pods go through the extender's own HTTP verbs exactly as kube-scheduler calls them
+(filter, then prioritize when more than one node passes, then bind). A report follows, and
+the extender stays up (metrics and debug views) until interrupted, unless `--once`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import threading
+import time
+
+import httpx
+import uvicorn
+
+from demo.cluster import build_cluster
+from demo.report import Outcome, render_report
+from demo.workload import pod_stream
+from extender.__main__ import handlers_for
+from extender.app import create_app
+from extender.config import ExtenderConfig
+from extender.service import ExtenderService
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def schedule(http: httpx.Client, pod: dict, nodes: list[str]) -> Outcome:
+    """One scheduling cycle the way kube-scheduler drives an extender."""
+    args = {"Pod": pod, "Nodes": None, "NodeNames": nodes}
+    filtered = http.post("/filter", json=args).json()
+    passed = filtered["NodeNames"] or []
+    if filtered.get("Error"):
+        return Outcome(pod["metadata"]["name"], "", filtered["Error"])
+    if not passed:
+        reasons = {**filtered["FailedNodes"], **filtered["FailedAndUnresolvableNodes"]}
+        return Outcome(pod["metadata"]["name"], "", _summarise(reasons, len(nodes)))
+    if len(passed) == 1:
+        chosen = passed[0]
+    else:
+        scores = http.post("/prioritize", json={**args, "NodeNames": passed}).json()
+        best = max(s["Score"] for s in scores)
+        chosen = next(s["Host"] for s in scores if s["Score"] == best)
+    meta = pod["metadata"]
+    bound = http.post(
+        "/bind",
+        json={
+            "PodName": meta["name"],
+            "PodNamespace": meta["namespace"],
+            "PodUID": meta["uid"],
+            "Node": chosen,
+        },
+    ).json()
+    return Outcome(meta["name"], chosen if not bound["Error"] else "", bound["Error"])
+
+
+def _summarise(reasons: dict[str, str], total: int) -> str:
+    """Group reasons like kube-scheduler's FailedScheduling message does."""
+    counts: dict[str, int] = {}
+    for reason in reasons.values():
+        counts[reason] = counts.get(reason, 0) + 1
+    parts = ", ".join(f"{n} {r}" for r, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"0/{total} nodes are available: {parts}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
+    parser.add_argument("--pods", type=int, default=60, help="how many pods to schedule (default 60)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--port", type=int, default=0, help="extender port (default: a free one)")
+    parser.add_argument("--once", action="store_true", help="exit after the report")
+    args = parser.parse_args(argv)
+
+    config = ExtenderConfig()
+    cluster, nodes = build_cluster(config)
+    service = ExtenderService(config, cluster)
+    cluster.run_watches(handlers_for(service), lambda: True)
+    port = args.port or _free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    with httpx.Client(base_url=base, timeout=10) as http:
+        for _ in range(100):
+            try:
+                if http.get("/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        names = [n.name for n in nodes]
+        outcomes = []
+        started = time.perf_counter()
+        for pod in pod_stream(args.pods, args.seed):
+            created = cluster.create_pod(pod)
+            outcomes.append(schedule(http, created, names))
+        elapsed = time.perf_counter() - started
+    print(render_report(nodes, service, cluster, outcomes, elapsed))
+    print(f"\nExtender: {base}  (metrics: {base}/metrics, debug: {base}/debug/topology)")
+    if args.once:
+        server.should_exit = True
+        thread.join(timeout=5)
+        return 0
+    print("Press Ctrl-C to stop.")
+    try:
+        while thread.is_alive():
+            thread.join(timeout=0.5)
+    except KeyboardInterrupt:
+        server.should_exit = True
+        thread.join(timeout=5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

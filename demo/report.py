@@ -1,0 +1,99 @@
+"""The demo's printed report: where each pod went, how well its GPUs are linked, what is left."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from demo.cluster import DemoNode
+from extender.memory_api import InMemoryCluster
+from extender.service import ExtenderService
+from topology.allocation import ALLOCATION_ANNOTATION, decode_allocation
+from topology.bandwidth import link_bandwidth
+from topology.fragmentation import node_state_fragmentation
+from topology.model import LinkKind, NodeTopology
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    pod: str
+    node: str
+    error: str
+
+
+def _link_word(topology: NodeTopology, gpus: Sequence[int]) -> str:
+    """The slowest pairwise link inside a GPU set, e.g. 'NV18 450 GB/s' or 'SYS 9 GB/s'."""
+    if len(gpus) < 2:
+        return "-"
+    worst = None
+    for i, a in enumerate(gpus):
+        for b in gpus[i + 1 :]:
+            link = topology.link(a, b)
+            bw = link_bandwidth(link.kind, link.nvlinks, topology.gpus[a].model)
+            if worst is None or bw < worst[0]:
+                word = f"NV{link.nvlinks}" if link.kind is LinkKind.NV else link.kind.value
+                worst = (bw, word)
+    assert worst is not None
+    return f"{worst[1]} {worst[0]:.0f} GB/s"
+
+
+def render_report(
+    nodes: Sequence[DemoNode],
+    service: ExtenderService,
+    cluster: InMemoryCluster,
+    outcomes: Sequence[Outcome],
+    elapsed_s: float,
+) -> str:
+    lines = ["Linkpack demo: embedded cluster", ""]
+    lines.append(f"{'node':<14} {'machine':<18} {'GPUs':>4}  model")
+    for n in nodes:
+        lines.append(f"{n.name:<14} {n.machine:<18} {n.gpus:>4}  {n.model}")
+    pods = {p["metadata"]["name"]: p for p in cluster.pods()}
+    lines += ["", f"{'pod':<20} {'node':<14} {'GPUs':<18} {'share':<16} slowest link in set"]
+    for o in outcomes:
+        if not o.node:
+            continue
+        alloc = decode_allocation(pods[o.pod]["metadata"]["annotations"][ALLOCATION_ANNOTATION])
+        record = service.state.topology_record(o.node)
+        assert record is not None
+        share = "whole"
+        if not alloc.grants[0].whole:
+            g = alloc.grants[0]
+            share = f"{g.units}u {g.memory_mib // 1024}GiB"
+        gpus = ",".join(str(i) for i in alloc.gpu_indices)
+        lines.append(
+            f"{o.pod:<20} {o.node:<14} {gpus:<18} {share:<16} {_link_word(record.topology, alloc.gpu_indices)}"
+        )
+    pending = [o for o in outcomes if not o.node]
+    if pending:
+        lines += ["", "Pending pods and why:"]
+        lines += [f"  {o.pod}: {o.error}" for o in pending]
+    lines += [
+        "",
+        f"{'node':<14} {'whole':>5} {'shared':>6} {'free':>5}  {'mem used/total GiB':>19}  fragmentation (GPU)",
+    ]
+    totals = [0, 0, 0]
+    for name in service.state.node_names():
+        state = service.state.node_state(name)
+        if state is None:
+            continue
+        whole = sum(1 for u in state.usage if u.whole)
+        shared = sum(1 for u in state.usage if not u.whole and not u.idle)
+        free = len(state.usage) - whole - shared
+        used = sum(
+            g.memory_mib if u.whole else u.memory_used_mib
+            for g, u in zip(state.topology.gpus, state.usage, strict=True)
+        )
+        total = sum(g.memory_mib for g in state.topology.gpus)
+        frag = node_state_fragmentation(state) / 1000
+        totals = [totals[0] + whole, totals[1] + shared, totals[2] + free]
+        lines.append(
+            f"{name:<14} {whole:>5} {shared:>6} {free:>5}  {used / 1024:>8.0f}/{total / 1024:<8.0f}   {frag:.2f}"
+        )
+    placed = sum(1 for o in outcomes if o.node)
+    lines += [
+        "",
+        f"Scheduled {placed}/{len(outcomes)} pods in {elapsed_s:.2f}s through HTTP filter/prioritize/bind; "
+        f"GPUs whole={totals[0]} shared={totals[1]} free={totals[2]}.",
+    ]
+    return "\n".join(lines)

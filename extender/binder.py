@@ -1,0 +1,179 @@
+"""Bind: commit the final GPU choice to the node's ledger, then bind the pod carrying it.
+
+The order makes over-allocation impossible whatever else runs at the same time:
+1. read the pod fresh (uid must match, not yet bound elsewhere);
+2. plan on the node's ledger as the API holds it, commit with a resourceVersion precondition
+   (a 409 means someone else committed first: re-read, re-plan);
+3. create the Binding with uid + resourceVersion preconditions, carrying the allocation
+   annotation so the pod and its record land in one atomic update;
+4. on any failure after the commit, remove the entry again so the capacity is free.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from topology.placement import place
+
+from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, ClusterApi
+from extender.config import ExtenderConfig
+from extender.ledger import Ledger, LedgerEntry
+from extender.pod_requests import PodRequest, RequestError, read_pod_request
+from extender.state import ClusterState
+from topology.accounting import node_state_from_grants
+from topology.allocation import ALLOCATION_ANNOTATION, Allocation, Enforcement, encode_allocation
+from topology.workload import GpuShare, MigSlice, Misfit, MisfitReason, Request
+
+MPS_LABEL = "linkpack.io/mps"
+
+
+@dataclass(frozen=True, slots=True)
+class BindResult:
+    """Empty `error` means bound; `allocation` is what the pod got (None for non-GPU pods)."""
+
+    error: str = ""
+    allocation: Allocation | None = None
+    attempts: int = 0
+    rolled_back: bool = False
+
+
+def enforcement_for(request: Request, mps_node: bool) -> Enforcement:
+    if isinstance(request, MigSlice):
+        return Enforcement.MIG
+    if isinstance(request, GpuShare):
+        return Enforcement.MPS if mps_node else Enforcement.COOPERATIVE
+    return Enforcement.NONE
+
+
+class Binder:
+    def __init__(
+        self,
+        api: ClusterApi,
+        state: ClusterState,
+        config: ExtenderConfig,
+        clock: Callable[[], float] = time.time,
+        mps_nodes: Callable[[str], bool] = lambda _node: False,
+    ) -> None:
+        self._api = api
+        self._state = state
+        self._config = config
+        self._clock = clock
+        self._mps_nodes = mps_nodes
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> BindResult:
+        try:
+            pod = self._api.read_pod(namespace, name)
+        except ApiNotFound:
+            return BindResult(error=f"pod {namespace}/{name} no longer exists")
+        except ApiError as exc:
+            return BindResult(error=f"reading pod {namespace}/{name}: {exc}")
+        if uid and pod.view.uid != uid:
+            return BindResult(
+                error=f"pod {namespace}/{name} was re-created (uid {pod.view.uid}, expected {uid})"
+            )
+        if pod.view.node_name and pod.view.node_name != node:
+            return BindResult(error=f"pod {namespace}/{name} is already bound to {pod.view.node_name}")
+        parsed = read_pod_request(pod.manifest, self._config)
+        if isinstance(parsed, RequestError):
+            return BindResult(error=parsed.message)
+        if parsed is None:
+            return self._plain_bind(namespace, name, pod.view.uid, pod.resource_version, node)
+        return self._gpu_bind(parsed, pod.resource_version, node, pod.view.node_name == node)
+
+    def _plain_bind(self, namespace: str, name: str, uid: str, rv: str, node: str) -> BindResult:
+        try:
+            self._api.bind(namespace, name, uid, rv, node, {})
+        except ApiError as exc:
+            return BindResult(error=f"binding {namespace}/{name} to {node}: {exc}", attempts=1)
+        return BindResult(attempts=1)
+
+    def _gpu_bind(self, pod: PodRequest, pod_rv: str, node: str, already_bound: bool) -> BindResult:
+        ledger = self._state.ledger(node)
+        for attempt in range(1, self._config.bind_retries + 1):
+            existing = ledger.by_uid().get(pod.pod.uid)
+            if existing is not None:
+                entry = existing
+            else:
+                planned = self._plan(pod, ledger)
+                if isinstance(planned, Misfit):
+                    return BindResult(error=f"node {node}: {planned.message}", attempts=attempt)
+                entry = planned
+                self._state.begin_bind(node, pod.pod.uid, entry.allocation.grants)
+                try:
+                    ledger = self._api.write_ledger(ledger.with_entry(entry))
+                except ApiConflict:
+                    self._state.end_bind(node, pod.pod.uid)
+                    ledger = self._fresh_ledger(node, ledger)
+                    continue
+                except ApiError as exc:
+                    self._state.end_bind(node, pod.pod.uid)
+                    return BindResult(error=f"committing allocation on {node}: {exc}", attempts=attempt)
+                self._state.apply_ledger(ledger)
+            if already_bound:
+                return BindResult(allocation=entry.allocation, attempts=attempt)
+            return self._bind_or_roll_back(pod, pod_rv, node, entry, attempt)
+        return BindResult(error=f"node {node}: gave up after {self._config.bind_retries} conflicting commits")
+
+    def _plan(self, pod: PodRequest, ledger: Ledger) -> LedgerEntry | Misfit:
+        record = self._state.topology_record(ledger.node)
+        if record is None:
+            return Misfit(MisfitReason.NO_TOPOLOGY, resolvable=False)
+        facts = self._state.node_facts(ledger.node)
+        cordoned = facts.cordoned_uuids if facts else frozenset()
+        node_state, _ = node_state_from_grants(
+            ledger.node,
+            record.topology,
+            ledger.grants(),
+            self._config.units_per_gpu,
+            record.unhealthy,
+            frozenset(g.index for g in record.topology.gpus if g.uuid in cordoned),
+        )
+        outcome = place(node_state, pod.request, pod.policy)
+        if isinstance(outcome, Misfit):
+            return outcome
+        allocation = Allocation(
+            node=ledger.node,
+            grants=outcome.grants,
+            generation=1,
+            enforcement=enforcement_for(pod.request, self._mps_nodes(ledger.node)),
+            resources=pod.resources,
+        )
+        return LedgerEntry(pod.pod.uid, pod.pod.namespace, pod.pod.name, allocation, self._clock())
+
+    def _fresh_ledger(self, node: str, fallback: Ledger) -> Ledger:
+        try:
+            return self._api.read_ledger(node)
+        except ApiError:
+            return fallback
+
+    def _bind_or_roll_back(
+        self, pod: PodRequest, pod_rv: str, node: str, entry: LedgerEntry, attempts: int
+    ) -> BindResult:
+        annotations = {ALLOCATION_ANNOTATION: encode_allocation(entry.allocation)}
+        try:
+            self._api.bind(pod.pod.namespace, pod.pod.name, pod.pod.uid, pod_rv, node, annotations)
+        except ApiError as exc:
+            rolled_back = self.release(node, pod.pod.uid)
+            return BindResult(
+                error=f"binding {pod.pod.key} to {node}: {exc}", attempts=attempts, rolled_back=rolled_back
+            )
+        return BindResult(allocation=entry.allocation, attempts=attempts)
+
+    def release(self, node: str, uid: str) -> bool:
+        """Remove `uid`'s entry from the node's ledger (retrying on conflicts); True when gone."""
+        self._state.end_bind(node, uid)
+        ledger = self._state.ledger(node)
+        for _ in range(self._config.bind_retries * 2):
+            if uid not in ledger.by_uid():
+                return True
+            try:
+                ledger = self._api.write_ledger(ledger.without([uid]))
+                self._state.apply_ledger(ledger)
+                return True
+            except ApiConflict:
+                ledger = self._fresh_ledger(node, ledger)
+            except ApiError:
+                return False
+        return False

@@ -1,0 +1,82 @@
+"""What the extender needs from Kubernetes, as a Protocol over our own types.
+
+`extender.kube` implements it over the real API; `extender.embedded` implements it in memory
+for the demo and for fast tests. Errors are our own three kinds, never client exceptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from extender.ledger import Ledger
+from extender.state import NodeFacts, PodView, TopologyRecord
+
+
+class ApiError(Exception):
+    """The API refused or failed a call; the message says which call and why."""
+
+
+class ApiConflict(ApiError):
+    """A precondition (resourceVersion or uid) did not hold: re-read and try again."""
+
+
+class ApiNotFound(ApiError):
+    """The object does not exist (any more)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodObject:
+    """A pod read fresh from the API: our view of it plus its manifest for request parsing."""
+
+    view: PodView
+    resource_version: str
+    manifest: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class WatchHandlers:
+    """Callbacks the watch loops feed; each kind also reports when its first list is in."""
+
+    node: Callable[[NodeFacts], None]
+    node_deleted: Callable[[str], None]
+    topology: Callable[[str, TopologyRecord | None], None]
+    ledger: Callable[[Ledger], None]
+    ledger_deleted: Callable[[str], None]
+    pod: Callable[[PodView], None]
+    pod_deleted: Callable[[str], None]
+    synced: Callable[[str], None]
+
+
+class ClusterApi(Protocol):
+    def read_pod(self, namespace: str, name: str) -> PodObject: ...
+
+    def read_ledger(self, node: str) -> Ledger: ...
+
+    def write_ledger(self, ledger: Ledger) -> Ledger:
+        """Store `ledger` if the stored one is still at `ledger.resource_version` ("" = absent).
+
+        Returns the ledger at its new resourceVersion; raises ApiConflict otherwise.
+        """
+        ...
+
+    def bind(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        resource_version: str,
+        node: str,
+        annotations: Mapping[str, str],
+    ) -> None:
+        """Create the pod's Binding with uid and resourceVersion preconditions and these annotations."""
+        ...
+
+    def record_event(
+        self, namespace: str, pod: str, uid: str, reason: str, message: str, warning: bool
+    ) -> None: ...
+
+    def run_watches(self, handlers: WatchHandlers, stop: Callable[[], bool]) -> None:
+        """List and watch everything the extender tracks until `stop()` is true (blocking)."""
+        ...

@@ -1,0 +1,130 @@
+"""Extender settings, read once from the environment (`LINKPACK_*`) with operator-friendly defaults."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from topology.workload import DEFAULT_UNITS_PER_GPU, Policy, PolicyName
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceNames:
+    """The extended resource names pods use to ask for GPUs (configurable per cluster)."""
+
+    whole: str = "nvidia.com/gpu"
+    shared_units: str = "nvidia.com/gpu.shared"
+    memory_mib: str = "nvidia.com/gpu.memory"
+    mig_prefix: str = "nvidia.com/mig-"
+
+    def managed(self, name: str) -> bool:
+        return name in (self.whole, self.shared_units, self.memory_mib) or name.startswith(self.mig_prefix)
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderConfig:
+    """Everything the extender can be told. Defaults suit a production install."""
+
+    resources: ResourceNames = field(default_factory=ResourceNames)
+    namespace: str = "linkpack-system"
+    scheduler_name: str = "linkpack"
+    units_per_gpu: int = DEFAULT_UNITS_PER_GPU
+    reservation_timeout_s: float = 120.0
+    bind_retries: int = 5
+    resync_period_s: float = 300.0
+    policies: Mapping[str, Policy] = field(
+        default_factory=lambda: {
+            PolicyName.BALANCED.value: Policy(PolicyName.BALANCED, 1.0, 1.0, 1.0),
+            PolicyName.BINPACK.value: Policy(PolicyName.BINPACK, 1.0, 1.0, 2.0),
+            PolicyName.SPREAD.value: Policy(PolicyName.SPREAD, 1.0, 0.5, 1.0),
+        }
+    )
+    default_policy: str = PolicyName.BALANCED.value
+    host: str = "0.0.0.0"
+    port: int = 8888
+
+    def policy(self, name: str | None) -> Policy | None:
+        """The named policy, the default one for None, or None when the name is unknown."""
+        return self.policies.get(name or self.default_policy)
+
+
+class ConfigError(ValueError):
+    """A setting has a value the extender cannot use; the message names the variable."""
+
+
+def config_from_env(env: Mapping[str, str] | None = None) -> ExtenderConfig:
+    """Build the configuration from `LINKPACK_*` variables; unknown values raise ConfigError."""
+    env = os.environ if env is None else env
+    defaults = ExtenderConfig()
+    names = ResourceNames(
+        whole=env.get("LINKPACK_RESOURCE_GPU", defaults.resources.whole),
+        shared_units=env.get("LINKPACK_RESOURCE_SHARED", defaults.resources.shared_units),
+        memory_mib=env.get("LINKPACK_RESOURCE_MEMORY", defaults.resources.memory_mib),
+        mig_prefix=env.get("LINKPACK_RESOURCE_MIG_PREFIX", defaults.resources.mig_prefix),
+    )
+    weights = _weights(env, defaults)
+    default_policy = env.get("LINKPACK_DEFAULT_POLICY", defaults.default_policy)
+    if default_policy not in weights:
+        raise ConfigError(f"LINKPACK_DEFAULT_POLICY={default_policy!r}: not one of {sorted(weights)}")
+    return ExtenderConfig(
+        resources=names,
+        namespace=env.get("LINKPACK_NAMESPACE", defaults.namespace),
+        scheduler_name=env.get("LINKPACK_SCHEDULER_NAME", defaults.scheduler_name),
+        units_per_gpu=_positive_int(env, "LINKPACK_UNITS_PER_GPU", defaults.units_per_gpu),
+        reservation_timeout_s=_positive_float(
+            env, "LINKPACK_RESERVATION_TIMEOUT_S", defaults.reservation_timeout_s
+        ),
+        bind_retries=_positive_int(env, "LINKPACK_BIND_RETRIES", defaults.bind_retries),
+        resync_period_s=_positive_float(env, "LINKPACK_RESYNC_PERIOD_S", defaults.resync_period_s),
+        policies=weights,
+        default_policy=default_policy,
+        host=env.get("LINKPACK_HOST", defaults.host),
+        port=_positive_int(env, "LINKPACK_PORT", defaults.port),
+    )
+
+
+def _weights(env: Mapping[str, str], defaults: ExtenderConfig) -> dict[str, Policy]:
+    """`LINKPACK_WEIGHTS_<POLICY>=link,fragmentation,packing` overrides a policy's weights."""
+    policies = dict(defaults.policies)
+    for name, policy in list(policies.items()):
+        key = f"LINKPACK_WEIGHTS_{name.upper()}"
+        if key not in env:
+            continue
+        parts = env[key].split(",")
+        try:
+            link, frag, pack = (float(p) for p in parts)
+        except ValueError as exc:
+            raise ConfigError(
+                f"{key}={env[key]!r}: expected three numbers 'link,fragmentation,packing'"
+            ) from exc
+        if min(link, frag, pack) < 0:
+            raise ConfigError(f"{key}={env[key]!r}: weights must not be negative")
+        policies[name] = Policy(policy.name, link, frag, pack, policy.min_bottleneck_gbps)
+    return policies
+
+
+def _positive_int(env: Mapping[str, str], key: str, default: int) -> int:
+    raw = env.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{key}={raw!r}: expected a whole number") from exc
+    if value <= 0:
+        raise ConfigError(f"{key}={raw!r}: must be positive")
+    return value
+
+
+def _positive_float(env: Mapping[str, str], key: str, default: float) -> float:
+    raw = env.get(key)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{key}={raw!r}: expected a number") from exc
+    if value <= 0:
+        raise ConfigError(f"{key}={raw!r}: must be positive")
+    return value

@@ -1,0 +1,112 @@
+"""Filter and prioritize as pure decisions over the cluster state.
+
+`Decider` adds one thing to the pure core: a memo of placements and scoring terms per
+(request, policy) and node, valid while the node's state version is unchanged, so that the
+thousands of nodes in one call cost a dictionary lookup each unless something on them changed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from extender.pod_requests import PodRequest
+from extender.state import ClusterState
+from topology.placement import place
+from topology.scoring import Ranking, RawTerms, combine, default_fragmentation, node_terms
+from topology.workload import Misfit, MisfitReason, Outcome, Placement, Policy, Request
+
+_MAX_REQUEST_KINDS = 512  # distinct (request, policy) pairs remembered at once
+
+
+@dataclass(frozen=True, slots=True)
+class FilterOutcome:
+    """The three buckets kube-scheduler understands, plus the placement found on each passing node."""
+
+    passed: tuple[str, ...]
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+    placements: dict[str, Placement] = field(default_factory=dict)
+    misfits: dict[str, Misfit] = field(default_factory=dict)
+
+
+_NO_TOPOLOGY = Misfit(MisfitReason.NO_TOPOLOGY, resolvable=False)
+
+
+class _Memo:
+    """Per node: (state version, placement outcome, scoring terms or None)."""
+
+    __slots__ = ("outcomes", "terms")
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, tuple[int, Outcome]] = {}
+        self.terms: dict[str, tuple[int, RawTerms]] = {}
+
+
+class Decider:
+    """Places requests on nodes of a `ClusterState`, remembering results per node version."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self._state = state
+        self._memos: dict[tuple[Request, Policy], _Memo] = {}
+        self._lock = threading.Lock()
+        self._fragmentation = default_fragmentation()
+
+    def _memo(self, request: Request, policy: Policy) -> _Memo:
+        key = (request, policy)
+        with self._lock:
+            memo = self._memos.get(key)
+            if memo is None:
+                if len(self._memos) >= _MAX_REQUEST_KINDS:
+                    self._memos.pop(next(iter(self._memos)))
+                memo = self._memos[key] = _Memo()
+            return memo
+
+    def outcome(self, node: str, request: Request, policy: Policy) -> Outcome:
+        """Where `request` would go on `node` now (or why it cannot)."""
+        memo = self._memo(request, policy)
+        (version,) = self._state.node_versions((node,))
+        return self._outcome(memo, node, version, request, policy)
+
+    def _outcome(self, memo: _Memo, node: str, version: int, request: Request, policy: Policy) -> Outcome:
+        hit = memo.outcomes.get(node)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        state = self._state.node_state(node)
+        result: Outcome = _NO_TOPOLOGY if state is None else place(state, request, policy)
+        memo.outcomes[node] = (version, result)
+        return result
+
+    def filter(self, pod: PodRequest, node_names: Sequence[str]) -> FilterOutcome:
+        memo = self._memo(pod.request, pod.policy)
+        versions = self._state.node_versions(node_names)
+        passed: list[str] = []
+        out = FilterOutcome(passed=())
+        for name, version in zip(node_names, versions, strict=True):
+            result = self._outcome(memo, name, version, pod.request, pod.policy)
+            if isinstance(result, Placement):
+                passed.append(name)
+                out.placements[name] = result
+            else:
+                out.misfits[name] = result
+                (out.failed if result.resolvable else out.unresolvable)[name] = result.message
+        return FilterOutcome(tuple(passed), out.failed, out.unresolvable, out.placements, out.misfits)
+
+    def prioritize(self, pod: PodRequest, node_names: Sequence[str]) -> Ranking:
+        memo = self._memo(pod.request, pod.policy)
+        versions = self._state.node_versions(node_names)
+        terms = []
+        for name, version in zip(node_names, versions, strict=True):
+            hit = memo.terms.get(name)
+            if hit is not None and hit[0] == version:
+                terms.append(hit[1])
+                continue
+            state = self._state.node_state(name)
+            result = self._outcome(memo, name, version, pod.request, pod.policy)
+            if state is None or not isinstance(result, Placement):
+                continue
+            found = node_terms(state, result, pod.request, pod.policy, self._fragmentation)
+            memo.terms[name] = (version, found)
+            terms.append(found)
+        return combine(terms, pod.policy)

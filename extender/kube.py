@@ -1,0 +1,378 @@
+"""The real Kubernetes adapter of the extender (the only extender module importing `kubernetes`).
+
+It lists and watches Nodes, Pods, GpuTopology records and ledger ConfigMaps, reads pods
+fresh for bind, commits ledgers with resourceVersion preconditions and creates Bindings.
+Client exceptions are translated into `ApiError` kinds and never leave this module.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, PodObject, WatchHandlers
+from extender.config import ExtenderConfig
+from extender.ledger import LEDGER_LABEL, Ledger, encode_ledger, ledger_name
+from extender.translate import ledger_from_config_map, node_facts, pod_is_tracked, pod_view, topology_record
+
+log = logging.getLogger("linkpack.extender.kube")
+
+TOPOLOGY_GROUP = "linkpack.io"
+TOPOLOGY_VERSION = "v1alpha1"
+TOPOLOGY_PLURAL = "gputopologies"
+
+
+def load_client(kubeconfig: str | None) -> client.ApiClient:
+    """An API client from a kubeconfig file, or the in-cluster service account when None."""
+    try:
+        if kubeconfig:
+            cfg = client.Configuration()
+            load_file: Any = config.load_kube_config
+            load_file(config_file=kubeconfig, client_configuration=cfg)
+        else:
+            load_incluster: Any = config.load_incluster_config
+            load_incluster()
+            cfg = client.Configuration.get_default_copy()
+    except (config.ConfigException, OSError) as exc:
+        raise ApiError(f"cannot load Kubernetes credentials: {exc}") from exc
+    cfg.client_side_validation = False
+    return client.ApiClient(cfg)
+
+
+def _translate(exc: Exception, what: str) -> ApiError:
+    if isinstance(exc, ApiException):
+        reason = _status_message(exc)
+        if exc.status == 409:
+            return ApiConflict(f"{what}: {reason}")
+        if exc.status == 404:
+            return ApiNotFound(f"{what}: {reason}")
+        return ApiError(f"{what}: HTTP {exc.status} {reason}")
+    return ApiError(f"{what}: {exc}")
+
+
+def _status_message(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
+    except (ValueError, AttributeError):
+        return str(exc.reason)
+
+
+_FAILURES = (ApiException, HTTPError, OSError, ValueError)
+
+
+def _new_watch() -> Any:
+    factory: Any = watch.Watch
+    return factory()
+
+
+class KubeClusterApi:
+    def __init__(self, api_client: client.ApiClient, cfg: ExtenderConfig) -> None:
+        self._client = api_client
+        # The generated client's annotations describe its model classes; we pass and read raw
+        # JSON (see bind), so the API objects are used untyped.
+        self._core: Any = client.CoreV1Api(api_client)
+        self._custom: Any = client.CustomObjectsApi(api_client)
+        self._config = cfg
+
+    # ------------------------------------------------------------------ reads and writes
+
+    def read_pod(self, namespace: str, name: str) -> PodObject:
+        try:
+            raw = self._core.read_namespaced_pod(name, namespace, _preload_content=False)
+            pod = json.loads(raw.data)
+        except _FAILURES as exc:
+            raise _translate(exc, f"read pod {namespace}/{name}") from exc
+        return PodObject(pod_view(pod), str(pod["metadata"].get("resourceVersion") or ""), pod)
+
+    def read_ledger(self, node: str) -> Ledger:
+        try:
+            raw = self._core.read_namespaced_config_map(
+                ledger_name(node), self._config.namespace, _preload_content=False
+            )
+            return ledger_from_config_map(json.loads(raw.data))
+        except ApiException as exc:
+            if exc.status == 404:
+                return Ledger(node)
+            raise _translate(exc, f"read ledger of {node}") from exc
+        except _FAILURES as exc:
+            raise _translate(exc, f"read ledger of {node}") from exc
+
+    def write_ledger(self, ledger: Ledger) -> Ledger:
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": ledger_name(ledger.node),
+                "namespace": self._config.namespace,
+                "labels": {LEDGER_LABEL: "true"},
+            },
+            "data": encode_ledger(ledger),
+        }
+        what = f"commit ledger of {ledger.node}"
+        try:
+            if ledger.resource_version:
+                body["metadata"]["resourceVersion"] = ledger.resource_version
+                raw = self._core.replace_namespaced_config_map(
+                    ledger_name(ledger.node), self._config.namespace, body, _preload_content=False
+                )
+            else:
+                raw = self._core.create_namespaced_config_map(
+                    self._config.namespace, body, _preload_content=False
+                )
+            return ledger_from_config_map(json.loads(raw.data))
+        except ApiException as exc:
+            if exc.status == 404 and ledger.resource_version:
+                raise ApiConflict(f"{what}: ledger was deleted") from exc
+            raise _translate(exc, what) from exc
+        except _FAILURES as exc:
+            raise _translate(exc, what) from exc
+
+    def bind(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        resource_version: str,
+        node: str,
+        annotations: Mapping[str, str],
+    ) -> None:
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+        if uid:
+            metadata["uid"] = uid
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
+        if annotations:
+            metadata["annotations"] = dict(annotations)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": metadata,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        try:
+            # The generated client would parse the Status reply as a Binding and fail after a
+            # successful bind; reading the raw reply avoids that known client bug.
+            resp = self._core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
+        except _FAILURES as exc:
+            raise _translate(exc, f"bind {namespace}/{name} to {node}") from exc
+        if not 200 <= resp.status < 300:
+            raise ApiError(f"bind {namespace}/{name} to {node}: HTTP {resp.status}")
+
+    def record_event(
+        self, namespace: str, pod: str, uid: str, reason: str, message: str, warning: bool
+    ) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{pod}.", "namespace": namespace},
+            "involvedObject": {
+                "kind": "Pod",
+                "namespace": namespace,
+                "name": pod,
+                "uid": uid,
+                "apiVersion": "v1",
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "linkpack-extender"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self._core.create_namespaced_event(namespace, body, _preload_content=False)
+        except _FAILURES as exc:
+            log.warning("could not record event on %s/%s: %s", namespace, pod, exc)
+
+    # ------------------------------------------------------------------ watches
+
+    def run_watches(self, handlers: WatchHandlers, stop: Callable[[], bool]) -> None:
+        loops = [
+            _ListWatch("nodes", self._core.list_node, self._on_node(handlers), stop, self._config),
+            _ListWatch(
+                "topologies",
+                lambda **kw: self._custom.list_cluster_custom_object(
+                    TOPOLOGY_GROUP, TOPOLOGY_VERSION, TOPOLOGY_PLURAL, **kw
+                ),
+                self._on_topology(handlers),
+                stop,
+                self._config,
+            ),
+            _ListWatch(
+                "ledgers",
+                lambda **kw: self._core.list_namespaced_config_map(
+                    self._config.namespace, label_selector=f"{LEDGER_LABEL}=true", **kw
+                ),
+                self._on_ledger(handlers),
+                stop,
+                self._config,
+            ),
+            _ListWatch(
+                "pods", self._core.list_pod_for_all_namespaces, self._on_pod(handlers), stop, self._config
+            ),
+        ]
+        threads = [threading.Thread(target=lp.run, name=f"watch-{lp.kind}", daemon=True) for lp in loops]
+        for t in threads:
+            t.start()
+        for lp, t in zip(loops, threads, strict=True):
+            t.join()
+            del lp
+
+    def _on_node(self, h: WatchHandlers) -> _Sink:
+        def sink(event: str, obj: Mapping[str, Any]) -> None:
+            if event == "DELETED":
+                h.node_deleted(str(obj["metadata"]["name"]))
+            else:
+                h.node(node_facts(obj))
+
+        return _Sink(
+            "nodes", sink, h.synced, lambda o: str(o["metadata"]["name"]), self._forget(h.node_deleted)
+        )
+
+    def _on_topology(self, h: WatchHandlers) -> _Sink:
+        def sink(event: str, obj: Mapping[str, Any]) -> None:
+            name = str(obj["metadata"]["name"])
+            if event == "DELETED":
+                h.topology(name, None)
+                return
+            try:
+                node, record = topology_record(obj)
+            except ValueError as exc:
+                log.error("GpuTopology %s is malformed, node treated as without topology: %s", name, exc)
+                h.topology(name, None)
+                return
+            h.topology(node, record)
+
+        return _Sink(
+            "topologies", sink, h.synced, lambda o: str(o["metadata"]["name"]), lambda n: h.topology(n, None)
+        )
+
+    def _on_ledger(self, h: WatchHandlers) -> _Sink:
+        def sink(event: str, obj: Mapping[str, Any]) -> None:
+            try:
+                ledger = ledger_from_config_map(obj)
+            except ValueError as exc:
+                log.error("ledger %s is malformed and ignored: %s", obj["metadata"].get("name"), exc)
+                return
+            if event == "DELETED":
+                h.ledger_deleted(ledger.node)
+            else:
+                h.ledger(ledger)
+
+        def node_of(o: Mapping[str, Any]) -> str:
+            return str(o["metadata"]["name"])[len("linkpack-ledger-") :]
+
+        return _Sink("ledgers", sink, h.synced, node_of, h.ledger_deleted)
+
+    def _on_pod(self, h: WatchHandlers) -> _Sink:
+        cfg = self._config
+
+        def sink(event: str, obj: Mapping[str, Any]) -> None:
+            if event == "DELETED":
+                h.pod_deleted(str(obj["metadata"].get("uid") or ""))
+            elif pod_is_tracked(obj, cfg):
+                h.pod(pod_view(obj))
+
+        return _Sink("pods", sink, h.synced, lambda o: str(o["metadata"].get("uid") or ""), h.pod_deleted)
+
+    @staticmethod
+    def _forget(fn: Callable[[str], None]) -> Callable[[str], None]:
+        return fn
+
+
+class _Sink:
+    """Where one kind's events go, and how a relist removes what vanished meanwhile."""
+
+    def __init__(
+        self,
+        kind: str,
+        apply: Callable[[str, Mapping[str, Any]], None],
+        synced: Callable[[str], None],
+        key: Callable[[Mapping[str, Any]], str],
+        vanished: Callable[[str], None],
+    ) -> None:
+        self.kind, self.apply, self.synced, self.key, self.vanished = kind, apply, synced, key, vanished
+
+
+class _ListWatch:
+    """LIST, then WATCH from the list's resourceVersion; relist on 410 Gone and every resync."""
+
+    def __init__(
+        self,
+        kind: str,
+        list_fn: Callable[..., Any],
+        sink: _Sink,
+        stop: Callable[[], bool],
+        cfg: ExtenderConfig,
+    ) -> None:
+        self.kind, self._list, self._sink, self._stop, self._cfg = kind, list_fn, sink, stop, cfg
+        self._known: set[str] = set()
+
+    def run(self) -> None:
+        backoff = 0.5
+        while not self._stop():
+            try:
+                rv = self._relist()
+                self._sink.synced(self.kind)
+                self._watch(rv)
+                backoff = 0.5
+            except _FAILURES as exc:
+                log.warning("watch of %s interrupted (%s); relisting in %.1fs", self.kind, exc, backoff)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def _relist(self) -> str:
+        raw = self._list(_preload_content=False)
+        doc = json.loads(raw.data)
+        seen: set[str] = set()
+        for item in doc.get("items") or []:
+            self._sink.apply("ADDED", item)
+            seen.add(self._sink.key(item))
+        for gone in sorted(self._known - seen):
+            self._sink.vanished(gone)
+        self._known = seen
+        return str((doc.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _watch(self, rv: str) -> None:
+        deadline = time.monotonic() + self._cfg.resync_period_s
+        while not self._stop() and time.monotonic() < deadline:
+            w: Any = _new_watch()
+            timeout = max(1, min(30, int(deadline - time.monotonic())))
+            try:
+                for event in self._events(w, rv, timeout):
+                    kind = event.get("type")
+                    obj = event.get("raw_object") or {}
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:
+                            return  # expired: relist
+                        raise ApiError(f"watch {self.kind}: {obj.get('message')}")
+                    meta = obj.get("metadata") or {}
+                    rv = str(meta.get("resourceVersion") or rv)
+                    if kind == "BOOKMARK":
+                        continue
+                    self._sink.apply(str(kind), obj)
+                    key = self._sink.key(obj)
+                    (self._known.discard if kind == "DELETED" else self._known.add)(key)
+                    if self._stop():
+                        return
+            except ApiException as exc:
+                if exc.status == 410:
+                    return
+                raise
+            finally:
+                w.stop()
+
+    def _events(self, w: Any, rv: str, timeout: int) -> Iterator[dict[str, Any]]:
+        yield from w.stream(
+            self._list, resource_version=rv, allow_watch_bookmarks=True, timeout_seconds=timeout
+        )

@@ -1,0 +1,159 @@
+"""The extender's verbs as plain methods: parse the body, decide, record, answer.
+
+Route handlers in `extender.app` are one line each over this class.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from extender.binder import Binder
+from extender.cluster_api import ClusterApi
+from extender.config import ExtenderConfig
+from extender.decisions import Decider, FilterOutcome
+from extender.metrics import ExtenderMetrics
+from extender.pod_requests import PodRequest, RequestError, pod_ref, read_pod_request
+from extender.state import ClusterState
+from extender.wire import (
+    WireError,
+    binding_result,
+    filter_result,
+    parse_binding_args,
+    parse_extender_args,
+    priority_list,
+)
+from topology.scoring import Ranking
+from topology.workload import NodeState
+
+SYNC_KINDS = ("nodes", "topologies", "ledgers", "pods")
+_LOG_LIMIT = 2048
+
+
+@dataclass
+class PodDecisions:
+    """The last filter, prioritize and bind outcome seen for one pod (for /debug/explain)."""
+
+    request: PodRequest | RequestError | None = None
+    filtered: FilterOutcome | None = None
+    ranking: Ranking | None = None
+    bound_node: str = ""
+    bind_error: str = ""
+    at: float = field(default_factory=time.time)
+
+
+class ExtenderService:
+    def __init__(
+        self,
+        config: ExtenderConfig,
+        api: ClusterApi,
+        state: ClusterState | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.api = api
+        self.state = state or ClusterState(config.units_per_gpu)
+        self.decider = Decider(self.state)
+        self.binder = Binder(api, self.state, config, clock)
+        self.metrics = ExtenderMetrics(self.node_states)
+        self._log: OrderedDict[str, PodDecisions] = OrderedDict()
+        self._log_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ verbs
+
+    def filter(self, body: object) -> dict[str, Any]:
+        with self.metrics.latency.labels("filter").time():
+            try:
+                args = parse_extender_args(body)
+            except WireError as exc:
+                return {
+                    "Nodes": None,
+                    "NodeNames": None,
+                    "FailedNodes": {},
+                    "FailedAndUnresolvableNodes": {},
+                    "Error": str(exc),
+                }
+            parsed = read_pod_request(args.pod, self.config)
+            log = self._entry(pod_ref(args.pod).key)
+            log.request = parsed
+            if parsed is None:
+                return filter_result(args, args.node_names, {}, {})
+            if isinstance(parsed, RequestError):
+                self.metrics.decisions.labels("filter", "unresolvable", "invalid request").inc()
+                return filter_result(args, (), {}, {n: parsed.message for n in args.node_names})
+            outcome = self.decider.filter(parsed, args.node_names)
+            log.filtered = outcome
+            tally: dict[tuple[str, str], int] = {}
+            for misfit in outcome.misfits.values():
+                key = ("failed" if misfit.resolvable else "unresolvable", misfit.reason.value)
+                tally[key] = tally.get(key, 0) + 1
+            for (kind, reason), n in sorted(tally.items()):
+                self.metrics.decisions.labels("filter", kind, reason).inc(n)
+            self.metrics.decisions.labels("filter", "passed", "").inc(len(outcome.passed))
+            return filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
+
+    def prioritize(self, body: object) -> list[dict[str, Any]]:
+        with self.metrics.latency.labels("prioritize").time():
+            try:
+                args = parse_extender_args(body)
+            except WireError:
+                return []
+            parsed = read_pod_request(args.pod, self.config)
+            if not isinstance(parsed, PodRequest):
+                return priority_list([(n, 0) for n in args.node_names])
+            ranking = self.decider.prioritize(parsed, args.node_names)
+            self._entry(parsed.pod.key).ranking = ranking
+            scored = ranking.by_node()
+            return priority_list([(n, scored.get(n, 0)) for n in args.node_names])
+
+    def bind(self, body: object) -> dict[str, str]:
+        with self.metrics.latency.labels("bind").time():
+            try:
+                args = parse_binding_args(body)
+            except WireError as exc:
+                return binding_result(str(exc))
+            result = self.binder.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
+            log = self._entry(f"{args.pod_namespace}/{args.pod_name}")
+            if result.error:
+                log.bind_error = result.error
+                self.metrics.bind_failures.labels(_first_words(result.error)).inc()
+                if result.rolled_back:
+                    self.metrics.rollbacks.labels("bind failed").inc()
+                self.metrics.decisions.labels("bind", "error", _first_words(result.error)).inc()
+            else:
+                log.bound_node, log.bind_error = args.node, ""
+                self.metrics.decisions.labels("bind", "bound", "").inc()
+            if result.attempts > 1:
+                self.metrics.bind_conflicts.inc(result.attempts - 1)
+            return binding_result(result.error)
+
+    # ------------------------------------------------------------------ views
+
+    def ready(self) -> bool:
+        return self.state.synced(SYNC_KINDS)
+
+    def node_states(self) -> list[NodeState]:
+        return [s for n in self.state.node_names() if (s := self.state.node_state(n)) is not None]
+
+    def decisions_for(self, namespace: str, name: str) -> PodDecisions | None:
+        with self._log_lock:
+            return self._log.get(f"{namespace}/{name}")
+
+    def _entry(self, key: str) -> PodDecisions:
+        with self._log_lock:
+            entry = self._log.pop(key, None) or PodDecisions()
+            entry.at = time.time()
+            self._log[key] = entry
+            while len(self._log) > _LOG_LIMIT:
+                self._log.popitem(last=False)
+            return entry
+
+
+def _first_words(message: str) -> str:
+    """A low-cardinality label from an error message (drop names after the first colon)."""
+    head = message.split(":", 1)[-1].strip() if ":" in message else message
+    return head[:60]

@@ -1,0 +1,103 @@
+"""kube-scheduler's extender wire format (k8s.io/kube-scheduler/extender/v1), in and out.
+
+The Go structs have no json tags, so keys are the capitalised field names; Go decodes keys
+case-insensitively, and so do we. Requests become frozen values here; answers are built here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MAX_EXTENDER_PRIORITY = 10
+
+
+class WireError(ValueError):
+    """The body is not an extender request; the message names the missing or wrong key."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderArgs:
+    """Body of filter and prioritize. `node_names` is set with nodeCacheCapable, else `nodes`."""
+
+    pod: Mapping[str, Any]
+    node_names: tuple[str, ...]
+    nodes: tuple[Mapping[str, Any], ...] | None  # full Node objects (nodeCacheCapable: false)
+
+
+@dataclass(frozen=True, slots=True)
+class BindingArgs:
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str
+    node: str
+
+
+def _folded(body: object) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise WireError("request body must be a JSON object")
+    return {str(k).lower(): v for k, v in body.items()}
+
+
+def parse_extender_args(body: object) -> ExtenderArgs:
+    doc = _folded(body)
+    pod = doc.get("pod")
+    if not isinstance(pod, dict):
+        raise WireError("'Pod' must be a Pod object")
+    names = doc.get("nodenames")
+    node_list = doc.get("nodes")
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise WireError("'NodeNames' must be a list of strings")
+        return ExtenderArgs(pod, tuple(names), None)
+    if isinstance(node_list, dict):
+        items = node_list.get("items") or []
+        if not isinstance(items, list):
+            raise WireError("'Nodes.items' must be a list")
+        nodes = tuple(i for i in items if isinstance(i, dict))
+        node_names = tuple(str((n.get("metadata") or {}).get("name") or "") for n in nodes)
+        return ExtenderArgs(pod, node_names, nodes)
+    raise WireError("neither 'NodeNames' nor 'Nodes' was given")
+
+
+def parse_binding_args(body: object) -> BindingArgs:
+    doc = _folded(body)
+    missing = [k for k in ("PodName", "PodNamespace", "Node") if not isinstance(doc.get(k.lower()), str)]
+    if missing:
+        raise WireError(f"bind request lacks {', '.join(missing)}")
+    return BindingArgs(doc["podname"], doc["podnamespace"], str(doc.get("poduid") or ""), doc["node"])
+
+
+def filter_result(
+    args: ExtenderArgs,
+    passed: Sequence[str],
+    failed: Mapping[str, str],
+    unresolvable: Mapping[str, str],
+    error: str = "",
+) -> dict[str, Any]:
+    """ExtenderFilterResult in the mode the scheduler asked in (names, or full Node objects)."""
+    result: dict[str, Any] = {
+        "Nodes": None,
+        "NodeNames": None,
+        "FailedNodes": dict(failed),
+        "FailedAndUnresolvableNodes": dict(unresolvable),
+        "Error": error,
+    }
+    if args.nodes is None:
+        result["NodeNames"] = list(passed)
+    else:
+        keep = set(passed)
+        result["Nodes"] = {
+            "metadata": {},
+            "items": [n for n in args.nodes if (n.get("metadata") or {}).get("name") in keep],
+        }
+    return result
+
+
+def priority_list(scores: Sequence[tuple[str, int]]) -> list[dict[str, Any]]:
+    return [{"Host": host, "Score": max(0, min(MAX_EXTENDER_PRIORITY, score))} for host, score in scores]
+
+
+def binding_result(error: str = "") -> dict[str, str]:
+    return {"Error": error}

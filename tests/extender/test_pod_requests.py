@@ -1,0 +1,80 @@
+"""Pods' GPU asks become requests, and bad asks get a precise reason."""
+
+from __future__ import annotations
+
+from extender.config import ExtenderConfig
+from extender.pod_requests import PodRequest, RequestError, read_pod_request
+from topology.workload import GpuShare, MigSlice, WholeGpus
+
+from .conftest import gpu_pod
+
+CONFIG = ExtenderConfig()
+
+
+def test_whole_gpus_are_summed_over_containers() -> None:
+    pod = gpu_pod(gpus=2)
+    pod["spec"]["containers"].append({"name": "side", "resources": {"limits": {"nvidia.com/gpu": "1"}}})
+    parsed = read_pod_request(pod, CONFIG)
+    assert isinstance(parsed, PodRequest)
+    assert parsed.request == WholeGpus(3)
+
+
+def test_init_containers_count_by_their_largest_ask() -> None:
+    pod = gpu_pod(gpus=1)
+    pod["spec"]["initContainers"] = [{"name": "warm", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]
+    parsed = read_pod_request(pod, CONFIG)
+    assert isinstance(parsed, PodRequest) and parsed.request == WholeGpus(4)
+
+
+def test_a_share_is_memory_and_units_of_one_gpu() -> None:
+    parsed = read_pod_request(gpu_pod(units=25, memory=10240), CONFIG)
+    assert isinstance(parsed, PodRequest) and parsed.request == GpuShare(memory_mib=10240, units=25)
+
+
+def test_a_mig_slice_is_read_from_its_resource_name() -> None:
+    pod = gpu_pod()
+    pod["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/mig-1g.10gb": "1"}
+    parsed = read_pod_request(pod, CONFIG)
+    assert isinstance(parsed, PodRequest) and parsed.request == MigSlice("1g.10gb")
+
+
+def test_a_pod_without_gpu_resources_is_not_ours() -> None:
+    pod = gpu_pod()
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "2"}}
+    assert read_pod_request(pod, CONFIG) is None
+
+
+def test_mixing_whole_gpus_and_shares_is_refused() -> None:
+    parsed = read_pod_request(gpu_pod(gpus=1, units=10), CONFIG)
+    assert isinstance(parsed, RequestError)
+    assert "not several of these at once" in parsed.message
+
+
+def test_more_units_than_one_gpu_has_is_refused() -> None:
+    parsed = read_pod_request(gpu_pod(units=150), CONFIG)
+    assert isinstance(parsed, RequestError) and "exceeds one GPU (100 units)" in parsed.message
+
+
+def test_an_unknown_policy_is_named_with_the_known_ones() -> None:
+    pod = gpu_pod(gpus=1)
+    pod["metadata"]["annotations"]["linkpack.io/policy"] = "fastest"
+    parsed = read_pod_request(pod, CONFIG)
+    assert isinstance(parsed, RequestError)
+    assert "'fastest'" in parsed.message and "balanced, binpack, spread" in parsed.message
+
+
+def test_a_fractional_quantity_is_refused() -> None:
+    pod = gpu_pod()
+    pod["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "500m"}
+    parsed = read_pod_request(pod, CONFIG)
+    assert isinstance(parsed, RequestError) and "must be a whole number" in parsed.message
+
+
+def test_resource_names_are_configurable() -> None:
+    from extender.config import config_from_env
+
+    cfg = config_from_env({"LINKPACK_RESOURCE_GPU": "example.com/gpu"})
+    pod = gpu_pod()
+    pod["spec"]["containers"][0]["resources"]["limits"] = {"example.com/gpu": "2"}
+    parsed = read_pod_request(pod, cfg)
+    assert isinstance(parsed, PodRequest) and parsed.request == WholeGpus(2)

@@ -1,0 +1,161 @@
+"""Filter, prioritize and bind over an in-memory cluster: right answers, never double allocation."""
+
+from __future__ import annotations
+
+import threading
+
+from extender.__main__ import handlers_for
+from extender.config import ExtenderConfig
+from extender.memory_api import InMemoryCluster
+from extender.reconciler import reconcile_once
+from extender.service import ExtenderService
+from topology.accounting import accumulate
+from topology.allocation import ALLOCATION_ANNOTATION, decode_allocation
+
+from .conftest import filter_args, gpu_pod, hgx_h100
+
+NODES = ["nv-node", "pcie-node", "bare-node"]
+
+
+def _bind(service: ExtenderService, cluster: InMemoryCluster, pod: dict, node: str) -> str:
+    created = cluster.create_pod(pod)
+    meta = created["metadata"]
+    return service.bind({"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node})[
+        "Error"
+    ]
+
+
+def test_a_node_without_topology_record_is_unresolvable(service: ExtenderService) -> None:
+    result = service.filter(filter_args(gpu_pod(gpus=2), NODES))
+    assert result["NodeNames"] == ["nv-node", "pcie-node"]
+    assert result["FailedAndUnresolvableNodes"] == {"bare-node": "node has no GPU topology record"}
+    assert result["Error"] == ""
+
+
+def test_asking_more_gpus_than_a_node_has_is_unresolvable(service: ExtenderService) -> None:
+    result = service.filter(filter_args(gpu_pod(gpus=9), ["nv-node"]))
+    assert result["NodeNames"] == []
+    assert "nv-node" in result["FailedAndUnresolvableNodes"]
+
+
+def test_an_unknown_policy_fails_every_node_with_the_reason(service: ExtenderService) -> None:
+    pod = gpu_pod(gpus=1)
+    pod["metadata"]["annotations"]["linkpack.io/policy"] = "yolo"
+    result = service.filter(filter_args(pod, NODES))
+    assert set(result["FailedAndUnresolvableNodes"]) == set(NODES)
+    assert "unknown linkpack.io/policy 'yolo'" in result["FailedAndUnresolvableNodes"]["nv-node"]
+
+
+def test_a_four_gpu_pod_prefers_the_nvswitch_node(service: ExtenderService) -> None:
+    scores = {p["Host"]: p["Score"] for p in service.prioritize(filter_args(gpu_pod(gpus=4), ["nv-node", "pcie-node"]))}
+    assert scores["nv-node"] > scores["pcie-node"]
+
+
+def test_bind_records_the_allocation_on_the_pod_and_in_the_ledger(
+    service: ExtenderService, cluster: InMemoryCluster
+) -> None:
+    assert _bind(service, cluster, gpu_pod("trainer", gpus=2), "pcie-node") == ""
+    pod = cluster.read_pod("ml", "trainer")
+    assert pod.view.node_name == "pcie-node"
+    allocation = decode_allocation(pod.manifest["metadata"]["annotations"][ALLOCATION_ANNOTATION])
+    assert allocation.node == "pcie-node" and len(allocation.grants) == 2
+    # the two GPUs share a socket: NODE beats SYS
+    a, b = allocation.gpu_indices
+    assert a // 4 == b // 4
+    assert cluster.read_ledger("pcie-node").by_uid()[pod.view.uid].allocation == allocation
+
+
+def test_the_node_fills_up_and_then_filter_says_why(service: ExtenderService, cluster: InMemoryCluster) -> None:
+    for i in range(4):
+        assert _bind(service, cluster, gpu_pod(f"p{i}", gpus=2), "nv-node") == ""
+    result = service.filter(filter_args(gpu_pod(gpus=1), ["nv-node"]))
+    assert result["FailedNodes"]["nv-node"].startswith("too few free GPUs")
+
+
+def test_a_failed_binding_rolls_the_allocation_back(service: ExtenderService, cluster: InMemoryCluster) -> None:
+    cluster.fail_next_bind = "apiserver unavailable"
+    error = _bind(service, cluster, gpu_pod("unlucky", gpus=8), "nv-node")
+    assert "apiserver unavailable" in error
+    assert cluster.read_ledger("nv-node").entries == ()
+    assert _bind(service, cluster, gpu_pod("lucky", gpus=8), "nv-node") == ""
+
+
+def test_binding_a_recreated_pod_is_refused(service: ExtenderService, cluster: InMemoryCluster) -> None:
+    cluster.create_pod(gpu_pod("same-name", gpus=1))
+    error = service.bind({"PodName": "same-name", "PodNamespace": "ml", "PodUID": "old-uid", "Node": "nv-node"})["Error"]
+    assert "was re-created" in error
+    assert cluster.read_ledger("nv-node").entries == ()
+
+
+def test_shares_pack_onto_one_gpu_before_opening_another(service: ExtenderService, cluster: InMemoryCluster) -> None:
+    for i in range(4):
+        assert _bind(service, cluster, gpu_pod(f"s{i}", units=25, memory=8192), "nv-node") == ""
+    gpus = {
+        decode_allocation(p["metadata"]["annotations"][ALLOCATION_ANNOTATION]).gpu_indices for p in cluster.pods()
+    }
+    assert len(gpus) == 1
+
+
+def test_concurrent_binders_never_overallocate(config: ExtenderConfig, cluster: InMemoryCluster) -> None:
+    """Two extender instances (as after a failover, or two schedulers) bind 12 pods of 2 GPUs at once."""
+    services = [ExtenderService(config, cluster) for _ in range(2)]
+    for svc in services:
+        cluster.run_watches(handlers_for(svc), lambda: True)
+    pods = [cluster.create_pod(gpu_pod(f"race-{i}", gpus=2)) for i in range(12)]
+    errors: list[str] = []
+
+    def work(svc: ExtenderService, batch: list[dict]) -> None:
+        for p in batch:
+            m = p["metadata"]
+            errors.append(
+                svc.bind({"PodName": m["name"], "PodNamespace": "ml", "PodUID": m["uid"], "Node": "nv-node"})["Error"]
+            )
+
+    threads = [threading.Thread(target=work, args=(services[i % 2], pods[i::2])) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(1 for e in errors if e == "") == 4
+    grants = [
+        g
+        for p in cluster.pods()
+        if ALLOCATION_ANNOTATION in p["metadata"].get("annotations", {})
+        for g in decode_allocation(p["metadata"]["annotations"][ALLOCATION_ANNOTATION]).grants
+    ]
+    _, problems = accumulate(hgx_h100(), grants, config.units_per_gpu)
+    assert problems == ()
+
+
+def test_a_restarted_extender_rebuilds_everything_from_the_api(
+    config: ExtenderConfig, service: ExtenderService, cluster: InMemoryCluster
+) -> None:
+    assert _bind(service, cluster, gpu_pod("kept", gpus=6), "nv-node") == ""
+    fresh = ExtenderService(config, cluster)
+    cluster.run_watches(handlers_for(fresh), lambda: True)
+    result = fresh.filter(filter_args(gpu_pod(gpus=4), ["nv-node"]))
+    assert result["FailedNodes"]["nv-node"].startswith("too few free GPUs")
+    assert fresh.filter(filter_args(gpu_pod(gpus=2), ["nv-node"]))["NodeNames"] == ["nv-node"]
+
+
+def test_deleting_a_pod_frees_its_gpus(service: ExtenderService, cluster: InMemoryCluster) -> None:
+    assert _bind(service, cluster, gpu_pod("gone", gpus=8), "nv-node") == ""
+    cluster.delete_pod("ml", "gone")
+    assert reconcile_once(service) == 1
+    assert service.filter(filter_args(gpu_pod(gpus=8), ["nv-node"]))["NodeNames"] == ["nv-node"]
+
+
+def test_a_reservation_that_never_binds_expires(service: ExtenderService, cluster: InMemoryCluster) -> None:
+    """A commit left behind by a crash between ledger write and Binding is released after the timeout."""
+    from extender.ledger import LedgerEntry
+    from topology.allocation import Allocation
+    from topology.workload import GpuGrant
+
+    created = cluster.create_pod(gpu_pod("orphan", gpus=1))
+    uid = created["metadata"]["uid"]
+    grant = GpuGrant(0, "GPU-h100-0000", True)
+    ledger = cluster.read_ledger("nv-node")
+    cluster.write_ledger(ledger.with_entry(LedgerEntry(uid, "ml", "orphan", Allocation("nv-node", (grant,)), 1000.0)))
+    assert reconcile_once(service, now=1000.0 + 10) == 0
+    assert reconcile_once(service, now=1000.0 + service.config.reservation_timeout_s + 1) == 1
+    assert cluster.read_ledger("nv-node").entries == ()

@@ -1,0 +1,97 @@
+"""Turn recorded allocations into per-GPU usage, and check them against capacity.
+
+The extender rebuilds every node's state from the allocations stored in the API with these
+functions; the same check proves, in tests, that what the API holds never exceeds a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from topology.model import NodeTopology
+from topology.workload import GpuGrant, GpuUsage, NodeState
+
+
+@dataclass(frozen=True, slots=True)
+class Overcommit:
+    """A GPU holds more than it has: always a bug somewhere, reported with the numbers."""
+
+    gpu: int
+    detail: str
+
+
+def accumulate(
+    topology: NodeTopology, grants: Iterable[GpuGrant], units_per_gpu: int
+) -> tuple[tuple[GpuUsage, ...], tuple[Overcommit, ...]]:
+    """Per-GPU usage from `grants`, plus every way in which it exceeds a GPU's capacity."""
+    whole = [0] * topology.gpu_count
+    memory = [0] * topology.gpu_count
+    units = [0] * topology.gpu_count
+    migs: list[set[str]] = [set() for _ in topology.gpus]
+    problems: list[Overcommit] = []
+    for grant in grants:
+        i = grant.index
+        if not 0 <= i < topology.gpu_count:
+            problems.append(Overcommit(i, f"grant names GPU {i}, the node has {topology.gpu_count}"))
+            continue
+        if grant.whole:
+            whole[i] += 1
+        elif grant.mig_uuid:
+            if grant.mig_uuid in migs[i]:
+                problems.append(Overcommit(i, f"MIG instance {grant.mig_uuid} granted twice"))
+            migs[i].add(grant.mig_uuid)
+        else:
+            memory[i] += grant.memory_mib
+            units[i] += grant.units
+    usage = []
+    for i, gpu in enumerate(topology.gpus):
+        shared = memory[i] > 0 or units[i] > 0 or bool(migs[i])
+        if whole[i] > 1 or (whole[i] and shared):
+            problems.append(Overcommit(i, f"GPU {i} held whole {whole[i]}x and shared={shared}"))
+        if gpu.memory_mib and memory[i] > gpu.memory_mib:
+            problems.append(Overcommit(i, f"GPU {i}: {memory[i]} MiB granted of {gpu.memory_mib} MiB"))
+        if units[i] > units_per_gpu:
+            problems.append(Overcommit(i, f"GPU {i}: {units[i]} share units granted of {units_per_gpu}"))
+        usage.append(
+            GpuUsage(
+                whole=whole[i] > 0,
+                memory_used_mib=memory[i],
+                units_used=units[i],
+                mig_used=frozenset(migs[i]),
+            )
+        )
+    return tuple(usage), tuple(problems)
+
+
+def node_state_from_grants(
+    name: str,
+    topology: NodeTopology,
+    grants: Iterable[GpuGrant],
+    units_per_gpu: int,
+    unhealthy: frozenset[int] = frozenset(),
+    cordoned: frozenset[int] = frozenset(),
+) -> tuple[NodeState, tuple[Overcommit, ...]]:
+    """A node's state from its topology, its recorded grants and its health and cordons."""
+    usage, problems = accumulate(topology, grants, units_per_gpu)
+    marked = tuple(
+        GpuUsage(u.whole, u.memory_used_mib, u.units_used, u.mig_used, i not in unhealthy, i in cordoned)
+        for i, u in enumerate(usage)
+    )
+    return NodeState(name, topology, marked, units_per_gpu), problems
+
+
+def with_grants(node: NodeState, grants: Iterable[GpuGrant]) -> NodeState:
+    """`node` with `grants` added on top (health and cordons kept); no capacity check."""
+    usage = list(node.usage)
+    for g in grants:
+        u = usage[g.index]
+        usage[g.index] = GpuUsage(
+            whole=u.whole or g.whole,
+            memory_used_mib=u.memory_used_mib + g.memory_mib,
+            units_used=u.units_used + g.units,
+            mig_used=u.mig_used | ({g.mig_uuid} if g.mig_uuid else set()),
+            healthy=u.healthy,
+            cordoned=u.cordoned,
+        )
+    return NodeState(node.name, node.topology, tuple(usage), node.units_per_gpu)

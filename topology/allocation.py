@@ -1,0 +1,174 @@
+"""The allocation record: what the extender granted a pod, as stored on the pod.
+
+The extender writes it into the pod annotation `linkpack.io/allocation` before binding; the
+node agent's device plugin reads it to hand each container exactly that, and writes back
+`linkpack.io/consumed` once the kubelet asked for it. Both are versioned JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from topology.workload import GpuGrant
+
+ALLOCATION_ANNOTATION = "linkpack.io/allocation"
+CONSUMED_ANNOTATION = "linkpack.io/consumed"
+POLICY_ANNOTATION = "linkpack.io/policy"
+ALLOCATION_SCHEMA = "linkpack.io/allocation/v1"
+CONSUMED_SCHEMA = "linkpack.io/consumed/v1"
+
+
+class Enforcement(StrEnum):
+    """How strictly a share is held to its limits on the node."""
+
+    NONE = "none"  # whole GPUs: nothing to enforce beyond device isolation
+    COOPERATIVE = "cooperative"  # framework memory caps through the shim; a process may ignore them
+    MPS = "mps"  # CUDA MPS pinned memory limit and thread percentage
+    MIG = "mig"  # hardware partition
+
+
+class AllocationError(ValueError):
+    """An allocation or consumed record is malformed; the message says which field and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """What one pod was granted on one node. `generation` increases with every rewrite."""
+
+    node: str
+    grants: tuple[GpuGrant, ...]
+    generation: int = 1
+    enforcement: Enforcement = Enforcement.NONE
+    resources: tuple[tuple[str, int], ...] = ()  # extended resources the pod asked for, sorted
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        return tuple(g.index for g in self.grants)
+
+    @property
+    def gpu_uuids(self) -> tuple[str, ...]:
+        return tuple(g.uuid for g in self.grants)
+
+
+@dataclass(frozen=True, slots=True)
+class Consumption:
+    """Which containers of a pod the node agent handed the allocation to (written back)."""
+
+    generation: int
+    containers: tuple[str, ...]
+    device_ids: tuple[str, ...]
+
+
+def encode_allocation(a: Allocation) -> str:
+    doc = {
+        "schema": ALLOCATION_SCHEMA,
+        "node": a.node,
+        "generation": a.generation,
+        "enforcement": a.enforcement.value,
+        "resources": dict(a.resources),
+        "gpus": [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "whole": g.whole,
+                "memoryMiB": g.memory_mib,
+                "units": g.units,
+                "migUuid": g.mig_uuid,
+            }
+            for g in a.grants
+        ],
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def decode_allocation(text: str) -> Allocation:
+    doc = _load_object(text, "allocation")
+    _expect_schema(doc, ALLOCATION_SCHEMA)
+    gpus = _field(doc, "gpus", list)
+    grants = tuple(_decode_grant(g, i) for i, g in enumerate(gpus))
+    if not grants:
+        raise AllocationError("allocation: 'gpus' is empty")
+    resources = _field(doc, "resources", dict)
+    try:
+        enforcement = Enforcement(_field(doc, "enforcement", str))
+    except ValueError as exc:
+        raise AllocationError(f"allocation: unknown enforcement {doc['enforcement']!r}") from exc
+    return Allocation(
+        node=_field(doc, "node", str),
+        grants=grants,
+        generation=_field(doc, "generation", int),
+        enforcement=enforcement,
+        resources=tuple(sorted((str(k), _as_int(v, f"resources.{k}")) for k, v in resources.items())),
+    )
+
+
+def encode_consumption(c: Consumption) -> str:
+    doc = {
+        "schema": CONSUMED_SCHEMA,
+        "generation": c.generation,
+        "containers": list(c.containers),
+        "deviceIds": list(c.device_ids),
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def decode_consumption(text: str) -> Consumption:
+    doc = _load_object(text, "consumed")
+    _expect_schema(doc, CONSUMED_SCHEMA)
+    containers = _field(doc, "containers", list)
+    device_ids = _field(doc, "deviceIds", list)
+    return Consumption(
+        generation=_field(doc, "generation", int),
+        containers=tuple(str(c) for c in containers),
+        device_ids=tuple(str(d) for d in device_ids),
+    )
+
+
+def _decode_grant(raw: object, position: int) -> GpuGrant:
+    where = f"allocation: gpus[{position}]"
+    if not isinstance(raw, dict):
+        raise AllocationError(f"{where} is not an object")
+    return GpuGrant(
+        index=_field(raw, "index", int, where),
+        uuid=_field(raw, "uuid", str, where),
+        whole=_field(raw, "whole", bool, where),
+        memory_mib=_field(raw, "memoryMiB", int, where),
+        units=_field(raw, "units", int, where),
+        mig_uuid=_field(raw, "migUuid", str, where),
+    )
+
+
+def _load_object(text: str, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise AllocationError(f"{what}: not JSON ({exc.msg} at position {exc.pos})") from exc
+    if not isinstance(doc, dict):
+        raise AllocationError(f"{what}: expected a JSON object")
+    return doc
+
+
+def _expect_schema(doc: dict[str, Any], schema: str) -> None:
+    found = doc.get("schema")
+    if found != schema:
+        raise AllocationError(f"unsupported schema {found!r}, expected {schema!r}")
+
+
+def _field(doc: dict[str, Any], key: str, kind: type, where: str = "allocation") -> Any:
+    if key not in doc:
+        raise AllocationError(f"{where}: missing field {key!r}")
+    value = doc[key]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise AllocationError(f"{where}: field {key!r} must be an integer, got {value!r}")
+    if not isinstance(value, kind):
+        raise AllocationError(f"{where}: field {key!r} must be {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _as_int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise AllocationError(f"allocation: {where} must be an integer, got {value!r}")
+    return value
