@@ -17,7 +17,7 @@ proto: $(VENV)/.installed
 	$(PY) -m node_agent.deviceplugin.build_proto
 
 demo: $(VENV)/.installed proto
-	$(PY) -m extender.demo
+	$(PY) -m demo
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

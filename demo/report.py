@@ -12,6 +12,7 @@ from topology.allocation import ALLOCATION_ANNOTATION, decode_allocation
 from topology.bandwidth import link_bandwidth
 from topology.fragmentation import node_state_fragmentation
 from topology.model import LinkKind, NodeTopology
+from topology.placement import set_quality
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,19 +23,17 @@ class Outcome:
 
 
 def _link_word(topology: NodeTopology, gpus: Sequence[int]) -> str:
-    """The slowest pairwise link inside a GPU set, e.g. 'NV18 450 GB/s' or 'SYS 9 GB/s'."""
+    """The slowest link of the best ring through a GPU set, e.g. 'NV18 450 GB/s' or 'SYS 9 GB/s'."""
     if len(gpus) < 2:
         return "-"
-    worst = None
+    bottleneck = set_quality(topology, gpus).bottleneck_gbps
+    words = set()
     for i, a in enumerate(gpus):
         for b in gpus[i + 1 :]:
             link = topology.link(a, b)
-            bw = link_bandwidth(link.kind, link.nvlinks, topology.gpus[a].model)
-            if worst is None or bw < worst[0]:
-                word = f"NV{link.nvlinks}" if link.kind is LinkKind.NV else link.kind.value
-                worst = (bw, word)
-    assert worst is not None
-    return f"{worst[1]} {worst[0]:.0f} GB/s"
+            if abs(link_bandwidth(link.kind, link.nvlinks, topology.gpus[a].model) - bottleneck) < 1e-6:
+                words.add(f"NV{link.nvlinks}" if link.kind is LinkKind.NV else link.kind.value)
+    return f"{'/'.join(sorted(words))} {bottleneck:.0f} GB/s"
 
 
 def render_report(
@@ -49,7 +48,7 @@ def render_report(
     for n in nodes:
         lines.append(f"{n.name:<14} {n.machine:<18} {n.gpus:>4}  {n.model}")
     pods = {p["metadata"]["name"]: p for p in cluster.pods()}
-    lines += ["", f"{'pod':<20} {'node':<14} {'GPUs':<18} {'share':<16} slowest link in set"]
+    lines += ["", f"{'pod':<20} {'node':<14} {'GPUs':<18} {'share':<16} ring bottleneck"]
     for o in outcomes:
         if not o.node:
             continue

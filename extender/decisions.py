@@ -8,7 +8,7 @@ thousands of nodes in one call cost a dictionary lookup each unless something on
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from extender.pod_requests import PodRequest
@@ -34,14 +34,28 @@ class FilterOutcome:
 _NO_TOPOLOGY = Misfit(MisfitReason.NO_TOPOLOGY, resolvable=False)
 
 
-class _Memo:
-    """Per node: (state version, placement outcome, scoring terms or None)."""
+@dataclass
+class _FilterMemo:
+    """The last filter answer for one node list, and the cluster generation it was true at."""
 
-    __slots__ = ("outcomes", "terms")
+    generation: int
+    names: frozenset[str]
+    passed: set[str]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+    misfits: dict[str, Misfit]
+    ordered: tuple[str, ...] = ()
+
+
+class _Memo:
+    """Per node: (state version, placement outcome), (state version, scoring terms); per list: filter."""
+
+    __slots__ = ("filters", "outcomes", "terms")
 
     def __init__(self) -> None:
         self.outcomes: dict[str, tuple[int, Outcome]] = {}
         self.terms: dict[str, tuple[int, RawTerms]] = {}
+        self.filters: dict[tuple[str, ...], _FilterMemo] = {}
 
 
 class Decider:
@@ -79,19 +93,44 @@ class Decider:
         return result
 
     def filter(self, pod: PodRequest, node_names: Sequence[str]) -> FilterOutcome:
+        """Which nodes fit; only nodes changed since the same list was last asked are re-placed."""
         memo = self._memo(pod.request, pod.policy)
-        versions = self._state.node_versions(node_names)
-        passed: list[str] = []
-        out = FilterOutcome(passed=())
-        for name, version in zip(node_names, versions, strict=True):
+        key = tuple(node_names)
+        found = memo.filters.get(key)
+        generation, changed = self._state.changes_since(found.generation if found else 0)
+        if found is None or changed is None:
+            found = self._full_filter(memo, key, pod, generation)
+        elif changed:
+            self._refresh(memo, found, changed & found.names, pod)
+            found.generation = generation
+        if not found.ordered or changed:
+            found.ordered = tuple(n for n in key if n in found.passed)
+        return FilterOutcome(found.ordered, found.failed, found.unresolvable, {}, found.misfits)
+
+    def _full_filter(
+        self, memo: _Memo, key: tuple[str, ...], pod: PodRequest, generation: int
+    ) -> _FilterMemo:
+        found = _FilterMemo(generation, frozenset(key), set(), {}, {}, {})
+        self._refresh(memo, found, key, pod)
+        if len(memo.filters) >= 4:
+            memo.filters.pop(next(iter(memo.filters)))
+        memo.filters[key] = found
+        return found
+
+    def _refresh(self, memo: _Memo, found: _FilterMemo, names: Iterable[str], pod: PodRequest) -> None:
+        names = tuple(names)
+        versions = self._state.node_versions(names)
+        for name, version in zip(names, versions, strict=True):
             result = self._outcome(memo, name, version, pod.request, pod.policy)
+            found.failed.pop(name, None)
+            found.unresolvable.pop(name, None)
+            found.misfits.pop(name, None)
             if isinstance(result, Placement):
-                passed.append(name)
-                out.placements[name] = result
+                found.passed.add(name)
             else:
-                out.misfits[name] = result
-                (out.failed if result.resolvable else out.unresolvable)[name] = result.message
-        return FilterOutcome(tuple(passed), out.failed, out.unresolvable, out.placements, out.misfits)
+                found.passed.discard(name)
+                found.misfits[name] = result
+                (found.failed if result.resolvable else found.unresolvable)[name] = result.message
 
     def prioritize(self, pod: PodRequest, node_names: Sequence[str]) -> Ranking:
         memo = self._memo(pod.request, pod.policy)

@@ -17,6 +17,7 @@ from topology.model import NodeTopology
 from topology.workload import GpuGrant, NodeState
 
 CORDON_ANNOTATION = "linkpack.io/cordoned-gpus"
+_CHANGE_LOG_LIMIT = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,9 @@ class ClusterState:
         self._pods: dict[str, PodView] = {}  # by uid
         self._pod_uid_by_key: dict[str, str] = {}  # "ns/name" -> uid
         self._synced: set[str] = set()
+        self._generation = 0  # bumped with every change to any node
+        self._change_log: list[str] = []  # node changed at generation (base + i + 1)
+        self._change_base = 0
 
     # ------------------------------------------------------------------ writers
 
@@ -115,9 +119,9 @@ class ClusterState:
             pod = self._pods.pop(uid, None)
             if pod is not None and self._pod_uid_by_key.get(f"{pod.namespace}/{pod.name}") == uid:
                 del self._pod_uid_by_key[f"{pod.namespace}/{pod.name}"]
-            for entry in self._nodes.values():
+            for name, entry in self._nodes.items():
                 if entry.in_flight.pop(uid, None) is not None:
-                    self._bump(entry)
+                    self._bump(entry, name)
 
     def begin_bind(self, node: str, uid: str, grants: tuple[GpuGrant, ...]) -> None:
         """Count a bind's grants as taken until its ledger commit is seen or it is abandoned."""
@@ -128,7 +132,7 @@ class ClusterState:
         with self._lock:
             entry = self._nodes.get(node)
             if entry is not None and entry.in_flight.pop(uid, None) is not None:
-                self._bump(entry)
+                self._bump(entry, node)
 
     def mark_synced(self, kind: str) -> None:
         with self._lock:
@@ -216,13 +220,25 @@ class ClusterState:
         entry = self._nodes.get(name)
         if entry is None:
             entry = self._nodes[name] = _NodeEntry()
-        self._bump(entry)
+        self._bump(entry, name)
         return entry
 
-    @staticmethod
-    def _bump(entry: _NodeEntry) -> None:
+    def _bump(self, entry: _NodeEntry, name: str = "") -> None:
         entry.version += 1
         entry.cached = None
+        self._generation += 1
+        self._change_log.append(name)
+        if len(self._change_log) > _CHANGE_LOG_LIMIT:
+            drop = len(self._change_log) // 2
+            del self._change_log[:drop]
+            self._change_base += drop
+
+    def changes_since(self, generation: int) -> tuple[int, frozenset[str] | None]:
+        """The current generation and the nodes changed after `generation` (None if forgotten)."""
+        with self._lock:
+            if generation < self._change_base:
+                return self._generation, None
+            return self._generation, frozenset(self._change_log[generation - self._change_base :])
 
     def _build(self, name: str, entry: _NodeEntry) -> tuple[NodeState, tuple[Overcommit, ...]]:
         assert entry.record is not None

@@ -1,0 +1,435 @@
+"""The node agent loop: discover, publish, watch health, police memory, serve metrics.
+
+`Agent` owns the decisions of one node and is driven by `run` (or by `poll` /
+`handle_event` directly in tests). `main` wires the real or simulated sources to it.
+
+HTTP (metrics port): GET /metrics, GET /healthz, GET /debug/state, and in simulate mode
+POST /debug/inject with a fault command (see `nvml_simulated.FAULT_COMMAND_HELP`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from node_agent.config import AgentConfig, agent_version, parse_args
+from node_agent.discovery import Discovery, DiscoveryError, discover
+from node_agent.health import (
+    CORDON_ANNOTATION,
+    CordonError,
+    GpuHealth,
+    HealthChange,
+    HealthPolicy,
+    HealthTracker,
+    ecc_fault,
+    parse_cordon_annotation,
+    unknown_cordoned,
+    unreadable_fault,
+)
+from node_agent.kube import AgentEvent, ClusterApi, KubeError, KubernetesClusterApi
+from node_agent.metrics import AgentMetrics, GpuSample
+from node_agent.nvml_pynvml import PynvmlReader
+from node_agent.nvml_reader import NvmlError, NvmlReader, NvmlUnavailable, XidEvent
+from node_agent.nvml_simulated import FAULT_COMMAND_HELP, FaultCommandError, SimulatedNvml
+from node_agent.publisher import Publisher, health_entries
+from node_agent.smi_runner import SmiError, run_topo_matrix
+from node_agent.watchdog import Watchdog
+from topology.catalog import MACHINES, CatalogError, topo_dir
+from topology.codec import encode_topology
+from topology.model import NodeTopology
+
+log = logging.getLogger("node_agent")
+
+
+@dataclass(frozen=True)
+class DevicePluginContext:
+    """What the device plugins get from the agent when they are started."""
+
+    config: AgentConfig
+    agent: Agent
+    reader: NvmlReader | None
+    cluster: ClusterApi | None
+    stop: threading.Event
+
+
+def start_device_plugins(context: DevicePluginContext) -> Callable[[], None] | None:
+    """HOOK for the kubelet device plugins (node_agent.deviceplugin): start them here.
+
+    Called once after the first discovery and publish. Return a function that stops them,
+    or None. `context.agent.topology` and `context.agent.health()` give the current view.
+    """
+    return None
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        reader: NvmlReader | None,
+        cluster: ClusterApi | None,
+        metrics: AgentMetrics,
+        topo_text: Callable[[], str | None] = lambda: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.reader = reader
+        self.cluster = cluster
+        self.metrics = metrics
+        self._topo_text = topo_text
+        self._clock = clock
+        self.discovery = self._discover()
+        gpus = [(g.index, g.uuid) for g in self.topology.gpus]
+        policy = HealthPolicy(
+            recheck_after_s=config.recheck_after_s,
+            fatal_recheck_after_s=config.fatal_recheck_after_s,
+            xid_overrides=dict(config.xid_overrides),
+        )
+        self.tracker = HealthTracker(gpus, policy, clock)
+        self.publisher = (
+            Publisher(cluster, config.node_name, agent_version(), config.heartbeat_interval_s, clock)
+            if cluster is not None
+            else None
+        )
+        self.watchdog = (
+            Watchdog(
+                reader,
+                config.node_name,
+                proc_root=config.proc_root,
+                tolerance_mib=config.watchdog_tolerance_mib,
+                kill=config.watchdog_kill,
+            )
+            if reader is not None and config.watchdog
+            else None
+        )
+        self._discovered_at = clock()
+        self._cordon_error = ""
+        self.last_loop_at = clock()
+        if self.publisher is not None:
+            self.publisher.load_existing()
+
+    @property
+    def topology(self) -> NodeTopology:
+        return self.discovery.topology
+
+    def health(self) -> tuple[GpuHealth, ...]:
+        return self.tracker.snapshot()
+
+    def stalled(self) -> bool:
+        """The loop has not polled for a while (for /healthz)."""
+        return self._clock() - self.last_loop_at > 3 * self.config.poll_interval_s + 30
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, stop: threading.Event) -> None:
+        next_poll = 0.0
+        while not stop.is_set():
+            now = self._clock()
+            if now >= next_poll:
+                self.poll()
+                next_poll = now + self.config.poll_interval_s
+            wait_ms = int(max(0.0, min(next_poll - self._clock(), 1.0)) * 1000)
+            if self.reader is None:
+                stop.wait(wait_ms / 1000)
+                continue
+            try:
+                event = self.reader.wait_event(wait_ms)
+            except NvmlError as exc:
+                log.warning("waiting for GPU events failed: %s", exc)
+                stop.wait(1.0)
+                continue
+            if event is not None:
+                self.handle_event(event)
+
+    def handle_event(self, event: XidEvent) -> None:
+        fault, change = self.tracker.record_event(event)
+        gpu = self.tracker.get(event.gpu_index)
+        self.metrics.count_xid(gpu.index, gpu.uuid, event.xid, fault.severity)
+        log.info("GPU %d event %s: %s [%s]", event.gpu_index, event.kind.value, fault.reason, fault.severity)
+        if change is not None:
+            self._announce((change,))
+            self._publish()
+
+    def poll(self) -> None:
+        """One round of polling: samples, ECC, re-checks, cordons, rediscovery, watchdog, publish."""
+        self.last_loop_at = self._clock()
+        changes: list[HealthChange] = []
+        changes.extend(self._sample_gpus())
+        for index in self.tracker.due_for_recheck():
+            passed, detail = self._probe(index)
+            change = self.tracker.record_recheck(index, passed, detail)
+            if change is not None:
+                changes.append(change)
+        changes.extend(self._refresh_cordons())
+        if self._clock() - self._discovered_at >= self.config.rediscover_interval_s:
+            self.discovery = self._discover()
+            self._discovered_at = self._clock()
+        self._announce(changes)
+        self._police_memory()
+        self._publish()
+
+    # ------------------------------------------------------------------ steps
+
+    def _discover(self) -> Discovery:
+        text = self._topo_text()
+        found = discover(self.reader, text, self.config.model_hint, self.config.memory_hint_mib)
+        for warning in found.warnings:
+            log.warning("discovery: %s", warning)
+        return found
+
+    def _sample_gpus(self) -> list[HealthChange]:
+        if self.reader is None:
+            return []
+        changes: list[HealthChange] = []
+        samples: list[GpuSample] = []
+        for gpu in self.topology.gpus:
+            try:
+                ident = self.reader.identity(gpu.index)
+                util = self.reader.utilization(gpu.index)
+                ecc = self.reader.ecc(gpu.index)
+            except NvmlError as exc:
+                lost = getattr(exc, "gpu_lost", False)
+                change = self.tracker.record_fault(gpu.index, unreadable_fault(str(exc), lost))
+            else:
+                samples.append(
+                    GpuSample(
+                        gpu.index,
+                        ident.uuid,
+                        ident.memory_used_bytes,
+                        ident.memory_total_bytes,
+                        util.gpu_percent if util else None,
+                    )
+                )
+                change = self.tracker.record_ecc(gpu.index, ecc)
+            if change is not None:
+                changes.append(change)
+        self.metrics.observe_gpus(samples)
+        return changes
+
+    def _probe(self, index: int) -> tuple[bool, str]:
+        """A re-check: the GPU answers NVML and its ECC state is within limits."""
+        if self.reader is None:
+            return True, "no NVML to check with"
+        try:
+            self.reader.identity(index)
+            fault = ecc_fault(self.reader.ecc(index), self.tracker.policy.ecc)
+        except NvmlError as exc:
+            return False, str(exc)
+        return (fault is None, fault.reason if fault else "readable, ECC within limits")
+
+    def _refresh_cordons(self) -> tuple[HealthChange, ...]:
+        if self.cluster is None:
+            return ()
+        try:
+            raw = self.cluster.get_node_annotations(self.config.node_name).get(CORDON_ANNOTATION)
+            cordoned = parse_cordon_annotation(raw)
+        except KubeError as exc:
+            log.warning("cannot read node annotations: %s", exc)
+            return ()
+        except CordonError as exc:
+            if str(exc) != self._cordon_error:
+                self._cordon_error = str(exc)
+                log.error("%s; keeping the previous cordons", exc)
+                self._emit(
+                    AgentEvent("BadCordonAnnotation", str(exc), "Node", self.config.node_name, warning=True)
+                )
+            return ()
+        self._cordon_error = ""
+        for uuid in unknown_cordoned(cordoned, (g.uuid for g in self.topology.gpus)):
+            log.warning("%s names %s, which is not a GPU of this node", CORDON_ANNOTATION, uuid)
+        return self.tracker.set_cordoned(cordoned)
+
+    def _police_memory(self) -> None:
+        if self.watchdog is None or self.cluster is None:
+            return
+        try:
+            pods = self.cluster.list_node_pods(self.config.node_name)
+        except KubeError as exc:
+            log.warning("cannot list pods for the memory watchdog: %s", exc)
+            return
+        report = self.watchdog.check(pods)
+        self.metrics.observe_pods(report.usage)
+        for warning in report.warnings:
+            log.warning("watchdog: %s", warning)
+        for v in report.new_violations:
+            log.warning("watchdog: %s", v.message)
+            self.metrics.count_over_limit(v.namespace, v.pod, v.gpu_index)
+            self._emit(
+                AgentEvent("GpuMemoryOverShare", v.message, "Pod", v.pod, v.namespace, v.pod_uid, True)
+            )
+        if report.killed:
+            for v in report.violations:
+                self.metrics.count_kill(v.namespace, v.pod, v.gpu_index)
+
+    def _publish(self) -> None:
+        health = self.tracker.snapshot()
+        self.metrics.observe_health(health)
+        if self.publisher is None:
+            return
+        outcome = self.publisher.publish(self.topology, health)
+        if outcome.error:
+            self.metrics.publish_failed()
+            log.warning("publishing the GpuTopology record failed (%s): %s", outcome.plan.why, outcome.error)
+        elif outcome.wrote_status:
+            self.metrics.published(self._clock())
+
+    def _announce(self, changes: Sequence[HealthChange]) -> None:
+        for change in changes:
+            log.warning("%s", change.description)
+            a = change.after
+            reason = (
+                "GpuCordonChanged"
+                if change.before.cordoned != a.cordoned
+                else ("GpuRecovered" if a.healthy else "GpuUnhealthy")
+            )
+            self._emit(
+                AgentEvent(reason, change.description, "Node", self.config.node_name, warning=not a.healthy)
+            )
+
+    def _emit(self, event: AgentEvent) -> None:
+        if self.cluster is None:
+            return
+        try:
+            self.cluster.emit_event(event)
+        except KubeError as exc:
+            log.warning("cannot emit event %s: %s", event.reason, exc)
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "node": self.config.node_name,
+            "topology": encode_topology(self.topology),
+            "sources": dict(self.discovery.sources),
+            "warnings": list(self.discovery.warnings),
+            "gpuHealth": health_entries(self.tracker.snapshot()),
+        }
+
+
+# ----------------------------------------------------------------------------- HTTP
+
+
+def serve_http(agent: Agent, simulated: SimulatedNvml | None, host: str, port: int) -> ThreadingHTTPServer:
+    """Start the metrics / health / debug server on a daemon thread."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                body, ctype = agent.metrics.render()
+                self._reply(200, body, ctype)
+            elif self.path == "/healthz":
+                stalled = agent.stalled()
+                self._reply(503 if stalled else 200, b"stalled\n" if stalled else b"ok\n", "text/plain")
+            elif self.path == "/debug/state":
+                self._json(200, agent.state())
+            else:
+                self._reply(404, b"not found\n", "text/plain")
+
+        def do_POST(self) -> None:
+            if self.path != "/debug/inject" or simulated is None:
+                self._reply(404, b"fault injection exists only with --simulate\n", "text/plain")
+                return
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+                command = json.loads(self.rfile.read(length) or b"null")
+                if not isinstance(command, dict):
+                    raise FaultCommandError("expected a JSON object")
+                self._json(200, {"applied": simulated.apply_fault(command)})
+            except (FaultCommandError, ValueError) as exc:
+                self._json(400, {"error": str(exc), "help": FAULT_COMMAND_HELP})
+
+        def _json(self, code: int, doc: object) -> None:
+            self._reply(code, json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n", "application/json")
+
+        def _reply(self, code: int, body: bytes, ctype: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("http: " + format, *args)
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="agent-http", daemon=True).start()
+    return server
+
+
+# ----------------------------------------------------------------------------- wiring
+
+
+def open_sources(
+    config: AgentConfig,
+) -> tuple[NvmlReader | None, SimulatedNvml | None, Callable[[], str | None]]:
+    """(reader, the simulation if any, a function giving `topo -m` text or None)."""
+    if config.simulate is not None:
+        sim = SimulatedNvml.from_machine(config.simulate, node_name=config.node_name)
+        text = simulated_topo_text(config.simulate)
+        return sim, sim, lambda: text
+    reader: NvmlReader | None = None
+    try:
+        reader = PynvmlReader.open()
+    except NvmlUnavailable as exc:
+        log.warning("NVML unavailable, relying on nvidia-smi topo -m: %s", exc)
+
+    def topo_text() -> str | None:
+        if not config.use_smi:
+            return None
+        try:
+            return run_topo_matrix(config.nvidia_smi)
+        except SmiError as exc:
+            log.warning("%s", exc)
+            return None
+
+    return reader, None, topo_text
+
+
+def simulated_topo_text(name_or_path: str) -> str | None:
+    """The `topo -m` capture behind a simulated machine, so simulate mode merges both sources."""
+    profile = MACHINES.get(name_or_path)
+    path = topo_dir() / profile.file if profile is not None else Path(name_or_path)
+    return path.read_text() if path.is_file() else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_args(argv)
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cluster: ClusterApi | None = None
+    try:
+        reader, simulated, topo_text = open_sources(config)
+        if config.use_kube:
+            cluster = KubernetesClusterApi.from_config(config.node_name, config.kubeconfig)
+        agent = Agent(config, reader, cluster, AgentMetrics(), topo_text)
+    except (CatalogError, DiscoveryError, KubeError, OSError) as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    if config.print_discovery:
+        print(json.dumps(agent.state(), indent=2, sort_keys=True))
+        return 0
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server = (
+        serve_http(agent, simulated, config.metrics_host, config.metrics_port)
+        if config.metrics_port
+        else None
+    )
+    agent.poll()
+    stop_plugins = start_device_plugins(DevicePluginContext(config, agent, reader, cluster, stop))
+    log.info("agent running on node %s with %d GPUs", config.node_name, agent.topology.gpu_count)
+    try:
+        agent.run(stop)
+    finally:
+        if stop_plugins is not None:
+            stop_plugins()
+        if server is not None:
+            server.shutdown()
+        if reader is not None:
+            reader.close()
+    return 0

@@ -1,0 +1,155 @@
+"""Command line and environment of the node agent, as one frozen `AgentConfig`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from node_agent.health import Severity
+
+DEFAULT_METRICS_PORT = 9402
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node_name: str
+    simulate: str | None = None  # catalog machine name or `topo -m` file
+    kubeconfig: str | None = None
+    use_kube: bool = True
+    metrics_host: str = "0.0.0.0"  # a DaemonSet serves metrics on the pod IP
+    metrics_port: int = DEFAULT_METRICS_PORT
+    poll_interval_s: float = 5.0
+    heartbeat_interval_s: float = 30.0
+    rediscover_interval_s: float = 600.0
+    recheck_after_s: float = 300.0
+    fatal_recheck_after_s: float | None = None
+    use_smi: bool = True
+    nvidia_smi: str = "nvidia-smi"
+    model_hint: str = ""
+    memory_hint_mib: int = 0
+    watchdog: bool = True
+    watchdog_kill: bool = False
+    watchdog_tolerance_mib: int = 0
+    proc_root: Path = Path("/proc")
+    xid_overrides: Mapping[int, Severity] = field(default_factory=dict)
+    print_discovery: bool = False
+    log_level: str = "INFO"
+
+    @property
+    def simulated(self) -> bool:
+        return self.simulate is not None
+
+
+def agent_version() -> str:
+    try:
+        return metadata.version("linkpack")
+    except metadata.PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> AgentConfig:
+    env = os.environ if env is None else env
+    p = argparse.ArgumentParser(
+        prog="python -m node_agent",
+        description="Linkpack node agent: GPU discovery, topology publishing, health, metrics.",
+    )
+    p.add_argument(
+        "--simulate",
+        metavar="FILE_OR_PROFILE",
+        help="use a simulated NVML built from a catalog machine (dgx-a100, hgx-h100, dgx1-v100, ...) "
+        "or a `nvidia-smi topo -m` file; enables POST /debug/inject on the metrics port",
+    )
+    p.add_argument(
+        "--node-name", default=env.get("NODE_NAME"), help="this node's name (default: $NODE_NAME, hostname)"
+    )
+    p.add_argument(
+        "--kubeconfig", default=env.get("KUBECONFIG"), help="kubeconfig file (default: in-cluster)"
+    )
+    p.add_argument("--no-kube", action="store_true", help="run without a cluster: no publishing, no pods")
+    p.add_argument("--metrics-host", default="0.0.0.0")
+    p.add_argument(
+        "--metrics-port", type=int, default=DEFAULT_METRICS_PORT, help="0 disables the HTTP server"
+    )
+    p.add_argument("--poll-interval", type=_positive, default=5.0, metavar="SECONDS")
+    p.add_argument("--heartbeat-interval", type=_positive, default=30.0, metavar="SECONDS")
+    p.add_argument("--rediscover-interval", type=_positive, default=600.0, metavar="SECONDS")
+    p.add_argument("--recheck-after", type=_positive, default=300.0, metavar="SECONDS",
+                   help="re-check an unhealthy GPU this long after its last fault")  # fmt: skip
+    p.add_argument("--fatal-recheck-after", type=_positive, default=None, metavar="SECONDS",
+                   help="also re-check GPUs with fatal faults (default: never)")  # fmt: skip
+    p.add_argument("--no-smi", action="store_true", help="do not run `nvidia-smi topo -m`")
+    p.add_argument("--nvidia-smi", default="nvidia-smi", help="path of nvidia-smi")
+    p.add_argument("--model-hint", default="", help="GPU model when only `topo -m` is available")
+    p.add_argument(
+        "--memory-hint-mib", type=int, default=0, help="GPU memory when only `topo -m` is available"
+    )
+    p.add_argument("--no-watchdog", action="store_true", help="do not police per-pod GPU memory")
+    p.add_argument(
+        "--watchdog-kill", action="store_true", help="kill processes of pods above their memory share"
+    )
+    p.add_argument("--watchdog-tolerance-mib", type=int, default=0)
+    p.add_argument("--proc-root", default="/proc", help="where host processes are visible (hostPID)")
+    p.add_argument("--xid-severity", action="append", default=[], metavar="XID=SEVERITY",
+                   help="override one XID's class: application, notice, needs-reset or fatal")  # fmt: skip
+    p.add_argument(
+        "--print-discovery", action="store_true", help="print the discovered topology as JSON and exit"
+    )
+    p.add_argument("--log-level", default=env.get("LINKPACK_LOG_LEVEL", "INFO"))
+    a = p.parse_args(argv)
+    node = a.node_name or (_simulated_node_name(a.simulate) if a.simulate else socket.gethostname())
+    return AgentConfig(
+        node_name=node,
+        simulate=a.simulate,
+        kubeconfig=a.kubeconfig,
+        use_kube=not a.no_kube and not a.print_discovery,
+        metrics_host=a.metrics_host,
+        metrics_port=a.metrics_port,
+        poll_interval_s=a.poll_interval,
+        heartbeat_interval_s=a.heartbeat_interval,
+        rediscover_interval_s=a.rediscover_interval,
+        recheck_after_s=a.recheck_after,
+        fatal_recheck_after_s=a.fatal_recheck_after,
+        use_smi=not a.no_smi,
+        nvidia_smi=a.nvidia_smi,
+        model_hint=a.model_hint,
+        memory_hint_mib=a.memory_hint_mib,
+        watchdog=not a.no_watchdog,
+        watchdog_kill=a.watchdog_kill,
+        watchdog_tolerance_mib=a.watchdog_tolerance_mib,
+        proc_root=Path(a.proc_root),
+        xid_overrides=_xid_overrides(p, a.xid_severity),
+        print_discovery=a.print_discovery,
+        log_level=a.log_level.upper(),
+    )
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _xid_overrides(p: argparse.ArgumentParser, items: Sequence[str]) -> dict[int, Severity]:
+    overrides: dict[int, Severity] = {}
+    for item in items:
+        xid, sep, severity = item.partition("=")
+        try:
+            overrides[int(xid)] = Severity(severity.strip().lower())
+        except ValueError:
+            choices = ", ".join(s.value for s in Severity)
+            p.error(f"--xid-severity {item!r}: expected XID=SEVERITY with SEVERITY one of {choices}")
+        if not sep:
+            p.error(f"--xid-severity {item!r}: expected XID=SEVERITY")
+    return overrides
+
+
+def _simulated_node_name(profile: str) -> str:
+    stem = Path(profile).stem.lower()
+    cleaned = "".join(c if c.isalnum() else "-" for c in stem).strip("-")
+    return f"sim-{cleaned or 'node'}"[:63]

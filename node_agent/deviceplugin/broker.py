@@ -1,0 +1,237 @@
+"""The device plugin's memory between kubelet calls: what was handed out, and writing it back.
+
+`AllocationBroker` holds the allocator state under one lock; every decision is made by the pure
+functions in `allocator`, `records` and `reconcile`. Write-backs to the API (`PodLedger`)
+happen outside the lock and are retried on the next `reconcile()` when they fail.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from node_agent.deviceplugin.allocator import (
+    AllocatorState,
+    RecordKey,
+    choose_slot,
+    consume,
+    consumption_of,
+    preferred_ids,
+    release_departed,
+    resync,
+)
+from node_agent.deviceplugin.container_spec import ContainerSpec, SharingConfig, container_spec
+from node_agent.deviceplugin.inventory import Inventory
+from node_agent.deviceplugin.ledger import BoundPod, LedgerError, PodLedger, PodRef
+from node_agent.deviceplugin.reconcile import KubeletAssignment, Reconciliation, Rewrite, reconcile
+from node_agent.deviceplugin.records import PodRecord, RecordProblem, read_records
+from topology.allocation import Allocation, Consumption
+
+log = logging.getLogger("linkpack.deviceplugin")
+
+
+class AllocationRefused(Exception):
+    """The kubelet's request cannot be served; the message is what the kubelet (and the pod) sees."""
+
+
+@dataclass
+class BrokerCounters:
+    allocations: int = 0
+    refusals: int = 0
+    id_mismatches: int = 0  # the kubelet passed other devices than the record's
+    enforcement_disagreements: int = 0  # the record says another enforcement than the node applies
+    swaps: int = 0
+    unresolved: int = 0
+    adopted: int = 0
+    write_failures: int = 0
+
+
+class AllocationBroker:
+    def __init__(
+        self,
+        inventory: Inventory,
+        ledger: PodLedger,
+        sharing: SharingConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        departure_grace_s: float = 60.0,
+    ) -> None:
+        self.inventory = inventory
+        self.sharing = sharing or SharingConfig()
+        self.counters = BrokerCounters()
+        self._ledger = ledger
+        self._clock = clock
+        self._grace_s = departure_grace_s
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._state = AllocatorState()
+        self._overrides: dict[str, Allocation] = {}
+        self._pending_consumed: dict[RecordKey, tuple[PodRef, Consumption]] = {}
+        self._pending_rewrites: dict[str, Rewrite] = {}
+        self._reported: set[tuple[str, int, str]] = set()
+
+    @property
+    def state(self) -> AllocatorState:
+        with self._lock:
+            return self._state
+
+    def resync(self) -> None:
+        """Rebuild what was handed out from the consumed annotations (call once at start)."""
+        with self._lock:
+            records = self._records(self._list())
+            self._state = resync(records, self._clock())
+
+    def preferred(
+        self, resource: str, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> tuple[str, ...]:
+        with self._lock:
+            try:
+                records = self._records(self._list())
+            except LedgerError as exc:
+                log.warning("cannot read this node's pods, preferring no record's devices: %s", exc)
+                records = ()
+            return preferred_ids(
+                resource, available, must_include, size, records, self._state, self.inventory
+            )
+
+    def allocate(self, resource: str, device_ids: Sequence[str]) -> ContainerSpec:
+        """What the container asking for these devices gets; AllocationRefused when no record fits."""
+        with self._lock:
+            try:
+                records = self._records(self._list())
+            except LedgerError as exc:
+                self.counters.refusals += 1
+                raise AllocationRefused(f"cannot read this node's pods: {exc}") from exc
+            slot = choose_slot(resource, device_ids, records, self._state, self.inventory)
+            if slot is None:
+                self.counters.refusals += 1
+                raise AllocationRefused(
+                    f"no Linkpack allocation record on this node asks for {len(device_ids)} {resource} "
+                    "with GPUs that are free; was the pod scheduled through the Linkpack extender?"
+                )
+            record = next(r for r in records if r.ref.uid == slot.pod.uid)
+            self._state = consume(self._state, record, slot, device_ids, self._clock())
+            handout = self._state.handouts[-1]
+            key = (record.ref.uid, record.allocation.generation)
+            self._pending_consumed[key] = (record.ref, consumption_of(self._state, key))
+            spec = container_spec(slot.grants, self.inventory, self.sharing)
+            self.counters.allocations += 1
+            self._report_disagreements(record, spec, handout.ids_agree, list(device_ids), slot.container)
+        self._flush()
+        return spec
+
+    def reconcile(self, kubelet: Sequence[KubeletAssignment] | None = None) -> Reconciliation | None:
+        """Release what departed pods held, retry write-backs, and check our handouts against the
+        kubelet's own account when it is available. Returns what the check found. Raises
+        LedgerError when the pods cannot be listed (nothing is changed then)."""
+        outcome: Reconciliation | None = None
+        with self._lock:
+            pods = self._list()
+            now = self._clock()
+            self._state = release_departed(self._state, (p.ref.uid for p in pods), now, self._grace_s)
+            present = {p.ref.uid for p in pods}
+            self._overrides = {uid: a for uid, a in self._overrides.items() if uid in present}
+            if kubelet is not None:
+                outcome = reconcile(self._state, self._records(pods), kubelet, now)
+                self._apply(outcome)
+        self._flush()
+        return outcome
+
+    def _apply(self, outcome: Reconciliation) -> None:
+        self._state = outcome.state
+        self._overrides.update(dict(outcome.overrides))
+        for rewrite in outcome.rewrites:
+            self._pending_rewrites[rewrite.pod.uid] = rewrite
+            self._pending_consumed = {
+                k: v for k, v in self._pending_consumed.items() if k[0] != rewrite.pod.uid
+            }
+        self.counters.swaps += len(outcome.swapped)
+        self.counters.unresolved += len(outcome.unresolved)
+        self.counters.adopted += outcome.adopted
+        for owner, taker in outcome.swapped:
+            log.warning("kubelet gave %s's record to %s; swapped the two records", owner, taker)
+        for why in outcome.unresolved:
+            log.error("cannot reconcile with the kubelet: %s", why)
+
+    def _list(self) -> Sequence[BoundPod]:
+        return self._ledger.list_bound_pods_on_node()
+
+    def _records(self, pods: Sequence[BoundPod]) -> tuple[PodRecord, ...]:
+        records, problems = read_records(pods, self.inventory, self._overrides)
+        for problem in problems:
+            self._report_problem(problem)
+        return records
+
+    def _report_problem(self, problem: RecordProblem) -> None:
+        key = (problem.pod.uid, problem.generation, problem.reason)
+        if key not in self._reported:
+            self._reported.add(key)
+            log.error("allocation record of %s cannot be used: %s", problem.pod, problem.reason)
+
+    def _report_disagreements(
+        self, record: PodRecord, spec: ContainerSpec, ids_agree: bool, device_ids: list[str], container: str
+    ) -> None:
+        if not ids_agree:
+            self.counters.id_mismatches += 1
+            log.warning(
+                "kubelet chose %s for %s container %s; the record says otherwise, the container gets the record's",
+                device_ids,
+                record.ref,
+                container,
+            )
+        if spec.enforcement is not record.allocation.enforcement:
+            self.counters.enforcement_disagreements += 1
+            log.warning(
+                "record of %s says enforcement %s, this node applies %s",
+                record.ref,
+                record.allocation.enforcement.value,
+                spec.enforcement.value,
+            )
+
+    def _flush(self) -> None:
+        """Write back pending consumed annotations and rewritten records (outside the state lock)."""
+        with self._write_lock:
+            with self._lock:
+                consumed = dict(self._pending_consumed)
+                rewrites = dict(self._pending_rewrites)
+            for key, (pod, consumption) in consumed.items():
+                outcome = self._write(f"consumed of {pod}", self._ledger.mark_consumed, pod, consumption)
+                if outcome != "retry":
+                    with self._lock:
+                        if self._pending_consumed.get(key) == (pod, consumption):
+                            del self._pending_consumed[key]
+            for uid, rw in rewrites.items():
+                outcome = self._write(
+                    f"record of {rw.pod}",
+                    self._ledger.rewrite_allocation,
+                    rw.pod,
+                    rw.replaces,
+                    rw.allocation,
+                    rw.consumption,
+                )
+                if outcome != "retry":
+                    with self._lock:
+                        if self._pending_rewrites.get(uid) == rw:
+                            del self._pending_rewrites[uid]
+                        if outcome == "moot" and self._overrides.get(uid) == rw.allocation:
+                            del self._overrides[uid]  # the API's record is newer than ours
+
+    def _write(self, what: str, call: Callable[..., bool], *args: object) -> Literal["done", "moot", "retry"]:
+        """done; moot when the pod is gone or its record changed meanwhile; retry after a failure."""
+        try:
+            if call(*args):
+                return "done"
+            log.info("skipped writing %s: the pod is gone or its record changed", what)
+            return "moot"
+        except LedgerError as exc:
+            self.counters.write_failures += 1
+            log.warning("writing %s failed, will retry: %s", what, exc)
+            return "retry"
+        except Exception:
+            self.counters.write_failures += 1
+            log.exception("writing %s failed unexpectedly, will retry", what)
+            return "retry"

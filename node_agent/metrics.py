@@ -1,0 +1,113 @@
+"""Prometheus metrics of the node agent (the only node_agent module importing prometheus_client).
+
+Each agent owns a `CollectorRegistry`, so tests (and several agents in one process) never
+share series. `render()` gives the exposition text for the agent's own /metrics endpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+
+from node_agent.health import GpuHealth, Severity
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    index: int
+    uuid: str
+    memory_used_bytes: int
+    memory_total_bytes: int
+    utilization_percent: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PodGpuMemory:
+    """What one pod was granted on one GPU and what its processes use there."""
+
+    namespace: str
+    pod: str
+    gpu_index: int
+    allocated_bytes: int
+    used_bytes: int
+
+
+class AgentMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        gpu = ("gpu", "uuid")
+        self.utilization = Gauge("linkpack_gpu_utilization_percent", "GPU busy percent", gpu, registry=r)
+        self.memory_used = Gauge("linkpack_gpu_memory_used_bytes", "GPU memory in use", gpu, registry=r)
+        self.memory_total = Gauge("linkpack_gpu_memory_total_bytes", "GPU memory size", gpu, registry=r)
+        self.healthy = Gauge("linkpack_gpu_healthy", "1 when the GPU is healthy", gpu, registry=r)
+        self.cordoned = Gauge("linkpack_gpu_cordoned", "1 when the GPU is cordoned", gpu, registry=r)
+        self.xids = Counter(
+            "linkpack_gpu_xid_events", "XID events seen", (*gpu, "xid", "severity"), registry=r
+        )
+        pod = ("namespace", "pod", "gpu")
+        self.pod_allocated = Gauge(
+            "linkpack_pod_gpu_memory_allocated_bytes", "GPU memory granted to the pod", pod, registry=r
+        )
+        self.pod_used = Gauge(
+            "linkpack_pod_gpu_memory_used_bytes", "GPU memory the pod's processes use", pod, registry=r
+        )
+        self.over_limit = Counter(
+            "linkpack_pod_gpu_memory_over_limit",
+            "Times a pod was found above its GPU memory share",
+            pod,
+            registry=r,
+        )
+        self.kills = Counter(
+            "linkpack_watchdog_kills", "Processes killed for exceeding their share", pod, registry=r
+        )
+        self.heartbeat = Gauge(
+            "linkpack_agent_last_publish_timestamp_seconds",
+            "When the topology status was last written",
+            registry=r,
+        )
+        self.publish_errors = Counter("linkpack_agent_publish_errors", "Failed topology writes", registry=r)
+
+    def observe_gpus(self, samples: Iterable[GpuSample]) -> None:
+        for s in samples:
+            labels = (str(s.index), s.uuid)
+            self.memory_used.labels(*labels).set(s.memory_used_bytes)
+            self.memory_total.labels(*labels).set(s.memory_total_bytes)
+            if s.utilization_percent is not None:
+                self.utilization.labels(*labels).set(s.utilization_percent)
+
+    def observe_health(self, health: Sequence[GpuHealth]) -> None:
+        for h in health:
+            labels = (str(h.index), h.uuid)
+            self.healthy.labels(*labels).set(1 if h.healthy else 0)
+            self.cordoned.labels(*labels).set(1 if h.cordoned else 0)
+
+    def count_xid(self, index: int, uuid: str, xid: int, severity: Severity) -> None:
+        self.xids.labels(str(index), uuid, str(xid), severity.value).inc()
+
+    def observe_pods(self, usage: Iterable[PodGpuMemory]) -> None:
+        """Replace the per-pod series with the current ones (finished pods disappear)."""
+        self.pod_allocated.clear()
+        self.pod_used.clear()
+        for u in usage:
+            labels = (u.namespace, u.pod, str(u.gpu_index))
+            self.pod_allocated.labels(*labels).set(u.allocated_bytes)
+            self.pod_used.labels(*labels).set(u.used_bytes)
+
+    def count_over_limit(self, namespace: str, pod: str, gpu_index: int) -> None:
+        self.over_limit.labels(namespace, pod, str(gpu_index)).inc()
+
+    def count_kill(self, namespace: str, pod: str, gpu_index: int) -> None:
+        self.kills.labels(namespace, pod, str(gpu_index)).inc()
+
+    def published(self, when: float) -> None:
+        self.heartbeat.set(when)
+
+    def publish_failed(self) -> None:
+        self.publish_errors.inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """(body, content type) for a /metrics response."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

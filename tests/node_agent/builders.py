@@ -1,0 +1,111 @@
+"""Small builders for device-plugin tests: a node inventory, pods and their allocation records."""
+
+from __future__ import annotations
+
+from node_agent.deviceplugin.inventory import (
+    SHARED_GPU_RESOURCE,
+    WHOLE_GPU_RESOURCE,
+    Inventory,
+    MigInstance,
+    NodeGpu,
+    mig_resource,
+)
+from node_agent.deviceplugin.ledger import BoundPod, ContainerDemand, PodRef
+from topology.allocation import ALLOCATION_ANNOTATION, Allocation, Enforcement, encode_allocation
+from topology.workload import GpuGrant
+
+GPU_MEMORY_MIB = 81920
+MIG_PROFILE = "1g.10gb"
+
+
+def uuid(i: int) -> str:
+    return f"GPU-{i:08d}-0000-0000-0000-000000000000"
+
+
+def mig_uuid(i: int, k: int) -> str:
+    return f"MIG-{i:08d}-{k:04d}-0000-0000-000000000000"
+
+
+def inventory(gpus: int = 4, units_per_gpu: int = 100, mig_gpus: tuple[int, ...] = ()) -> Inventory:
+    return Inventory(
+        tuple(
+            NodeGpu(
+                index=i,
+                uuid=uuid(i),
+                memory_mib=GPU_MEMORY_MIB,
+                numa_node=i // 2,
+                mig_enabled=i in mig_gpus,
+                mig=tuple(MigInstance(mig_uuid(i, k), MIG_PROFILE, 9984) for k in range(2)) if i in mig_gpus else (),
+            )
+            for i in range(gpus)
+        ),
+        units_per_gpu,
+    )
+
+
+def whole(*indices: int) -> tuple[GpuGrant, ...]:
+    return tuple(GpuGrant(i, uuid(i), whole=True) for i in indices)
+
+
+def share(index: int, memory_mib: int, units: int) -> tuple[GpuGrant, ...]:
+    return (GpuGrant(index, uuid(index), whole=False, memory_mib=memory_mib, units=units),)
+
+
+def mig(index: int, k: int) -> tuple[GpuGrant, ...]:
+    return (GpuGrant(index, uuid(index), whole=False, mig_uuid=mig_uuid(index, k)),)
+
+
+def enforcement_of(grants: tuple[GpuGrant, ...]) -> Enforcement:
+    if any(g.mig_uuid for g in grants):
+        return Enforcement.MIG
+    return Enforcement.NONE if all(g.whole for g in grants) else Enforcement.COOPERATIVE
+
+
+def pod(
+    name: str,
+    grants: tuple[GpuGrant, ...] | None,
+    containers: tuple[ContainerDemand, ...] | None = None,
+    *,
+    bound_at: float = 0.0,
+    generation: int = 1,
+    resource: str | None = None,
+    amount: int | None = None,
+) -> BoundPod:
+    """A pod bound to the node. Without `containers`, one container asks for what the grants give."""
+    if containers is None:
+        if grants is None:
+            raise ValueError("give grants or containers")
+        resource = resource or _resource_of(grants)
+        amount = amount if amount is not None else _amount_of(grants)
+        containers = (ContainerDemand("main", ((resource, amount),)),)
+    annotations: dict[str, str] = {}
+    if grants is not None:
+        names = {r for c in containers for r, _ in c.resources}
+        totals = {
+            r: max(
+                max((c.amount(r) for c in containers if c.init), default=0),
+                sum(c.amount(r) for c in containers if not c.init),
+            )
+            for r in names
+        }
+        record = Allocation(
+            node="node-a",
+            grants=grants,
+            generation=generation,
+            enforcement=enforcement_of(grants),
+            resources=tuple(sorted(totals.items())),
+        )
+        annotations[ALLOCATION_ANNOTATION] = encode_allocation(record)
+    return BoundPod(PodRef("default", name, f"uid-{name}"), bound_at, containers, annotations)
+
+
+def _resource_of(grants: tuple[GpuGrant, ...]) -> str:
+    if grants[0].mig_uuid:
+        return mig_resource(MIG_PROFILE)
+    return WHOLE_GPU_RESOURCE if grants[0].whole else SHARED_GPU_RESOURCE
+
+
+def _amount_of(grants: tuple[GpuGrant, ...]) -> int:
+    if grants[0].whole or grants[0].mig_uuid:
+        return len(grants)
+    return sum(g.units for g in grants)

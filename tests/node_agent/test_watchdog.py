@@ -1,0 +1,149 @@
+"""Process memory mapped to pods through cgroups, and pods above their share."""
+
+from __future__ import annotations
+
+import signal
+from types import MappingProxyType
+
+import pytest
+
+from node_agent.kube import PodInfo
+from node_agent.nvml_simulated import SimulatedNvml
+from node_agent.watchdog import ProcessUse, Share, Watchdog, assess, pod_uid_from_cgroup, read_pod_uid
+from tests.node_agent.machines import machine
+from topology.allocation import ALLOCATION_ANNOTATION, Allocation, encode_allocation
+from topology.workload import GpuGrant
+
+MIB = 1024 * 1024
+UID_A = "1b2c3d4e-5f60-4a7b-8c9d-0e1f2a3b4c5d"
+UID_B = "99999999-aaaa-4bbb-8ccc-dddddddddddd"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # cgroup v2, systemd driver, burstable
+        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1b2c3d4e_5f60_4a7b_8c9d_0e1f2a3b4c5d.slice/"
+        "cri-containerd-0123abcd.scope\n",
+        # cgroup v2, systemd driver, guaranteed (no QoS level)
+        "0::/kubepods.slice/kubepods-pod1b2c3d4e_5f60_4a7b_8c9d_0e1f2a3b4c5d.slice/cri-containerd-0123abcd.scope",
+        # cgroup v1, cgroupfs driver, besteffort
+        "12:memory:/kubepods/besteffort/pod1b2c3d4e-5f60-4a7b-8c9d-0e1f2a3b4c5d/0123abcd\n"
+        "11:devices:/kubepods/besteffort/pod1b2c3d4e-5f60-4a7b-8c9d-0e1f2a3b4c5d/0123abcd\n",
+        # cgroup v1, cgroupfs, guaranteed
+        "4:cpu,cpuacct:/kubepods/pod1b2c3d4e-5f60-4a7b-8c9d-0e1f2a3b4c5d/0123abcd",
+        # cgroup v1 systemd driver with docker, upper-case hex
+        "9:pids:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1B2C3D4E_5F60_4A7B_8C9D_0E1F2A3B4C5D.slice/"
+        "docker-0123.scope",
+    ],
+)
+def test_pod_uid_is_found_in_every_cgroup_layout(text):
+    assert pod_uid_from_cgroup(text) == UID_A
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "0::/init.scope\n", "0::/system.slice/containerd.service", "12:memory:/user.slice/podman-1234.scope",
+     "0::/kubepods.slice/kubepods-burstable.slice"],  # fmt: skip
+)
+def test_processes_outside_pods_have_no_uid(text):
+    assert pod_uid_from_cgroup(text) is None
+
+
+def test_read_pod_uid_from_a_fake_proc_tree(tmp_path):
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "cgroup").write_text(f"0::/kubepods/burstable/pod{UID_A}/abc\n")
+    assert read_pod_uid(42, tmp_path) == UID_A
+    assert read_pod_uid(43, tmp_path) is None  # process gone
+
+
+def test_assess_flags_only_pods_above_their_share():
+    shares = [Share(UID_A, "ml", "train", 0, 1024 * MIB), Share(UID_B, "ml", "whole", 1, None)]
+    procs = [
+        ProcessUse(0, 10, 800 * MIB, UID_A),
+        ProcessUse(0, 11, 300 * MIB, UID_A),
+        ProcessUse(1, 12, 70_000 * MIB, UID_B),
+        ProcessUse(0, 13, 5000 * MIB, None),  # host process
+    ]
+    report = assess(procs, shares)
+    assert [(u.pod, u.gpu_index, u.used_bytes // MIB, u.allocated_bytes // MIB) for u in report.usage] == [
+        ("train", 0, 1100, 1024),
+        ("whole", 1, 70_000, 0),
+    ]
+    assert [(v.pod, v.pids) for v in report.violations] == [("train", (10, 11))]
+    assert "1100 MiB on GPU 0, above its share of 1024 MiB" in report.violations[0].message
+    assert assess(procs, shares, tolerance_bytes=100 * MIB).violations == ()
+
+
+def _pod(uid: str, name: str, grants: tuple[GpuGrant, ...], node: str = "n1") -> PodInfo:
+    allocation = Allocation(node=node, grants=grants)
+    return PodInfo(
+        "ml", name, uid, "7", node, "Running", MappingProxyType({ALLOCATION_ANNOTATION: encode_allocation(allocation)})
+    )
+
+
+def _proc_tree(tmp_path, pids: dict[int, str]):
+    for pid, uid in pids.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(
+            f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid.replace('-', '_')}.slice/x.scope\n"
+        )
+    return tmp_path
+
+
+def test_watchdog_reports_each_episode_once_and_can_kill(tmp_path):
+    sim = SimulatedNvml(machine("hgx-h100"))
+    sim.set_process(2, 500, 3000 * MIB)
+    sim.set_process(3, 501, 10 * MIB)
+    proc = _proc_tree(tmp_path, {500: UID_A, 501: UID_B})
+    pods = [
+        _pod(UID_A, "small", (GpuGrant(2, "GPU-x", False, memory_mib=2048, units=10),)),
+        _pod(UID_B, "fits", (GpuGrant(3, "GPU-y", False, memory_mib=2048, units=10),)),
+    ]
+    killed: list[tuple[int, int]] = []
+    dog = Watchdog(sim, "n1", proc_root=proc, kill=True, kill_process=lambda pid, sig: killed.append((pid, sig)))
+    first = dog.check(pods)
+    assert [v.pod for v in first.violations] == ["small"] and [v.pod for v in first.new_violations] == ["small"]
+    assert killed == [(500, signal.SIGKILL)] and first.killed == (500,)
+    second = dog.check(pods)
+    assert second.violations and second.new_violations == ()  # same episode: no second event
+    sim.remove_process(2, 500)
+    assert dog.check(pods).violations == ()
+    sim.set_process(2, 500, 3000 * MIB)
+    assert [v.pod for v in dog.check(pods).new_violations] == ["small"]  # a new episode
+
+
+def test_watchdog_without_kill_only_reports(tmp_path):
+    sim = SimulatedNvml(machine("hgx-h100"))
+    sim.set_process(0, 600, 9000 * MIB)
+    pods = [_pod(UID_A, "p", (GpuGrant(0, "GPU-x", False, memory_mib=1024),))]
+    calls: list[int] = []
+    dog = Watchdog(sim, "n1", proc_root=_proc_tree(tmp_path, {600: UID_A}), kill_process=lambda p, s: calls.append(p))
+    assert dog.check(pods).violations and calls == []
+
+
+def test_whole_gpus_mig_and_foreign_allocations_are_not_policed(tmp_path):
+    sim = SimulatedNvml(machine("hgx-h100"))
+    sim.set_process(0, 700, 80_000 * MIB)
+    pods = [
+        _pod(UID_A, "whole", (GpuGrant(0, "GPU-x", True),)),
+        _pod(UID_B, "elsewhere", (GpuGrant(0, "GPU-x", False, memory_mib=1),), node="other-node"),
+        PodInfo("ml", "broken", "u3", annotations=MappingProxyType({ALLOCATION_ANNOTATION: "{not json"})),
+    ]
+    report = Watchdog(sim, "n1", proc_root=_proc_tree(tmp_path, {700: UID_A})).check(pods)
+    assert report.violations == ()
+    assert any("allocation is for node other-node" in w for w in report.warnings)
+    assert any("ml/broken: unreadable allocation" in w for w in report.warnings)
+
+
+def test_unkillable_process_is_a_warning(tmp_path):
+    sim = SimulatedNvml(machine("hgx-h100"))
+    sim.set_process(0, 800, 9000 * MIB)
+    pods = [_pod(UID_A, "p", (GpuGrant(0, "GPU-x", False, memory_mib=1024),))]
+
+    def refuse(pid: int, sig: int) -> None:
+        raise ProcessLookupError(3, "No such process")
+
+    dog = Watchdog(sim, "n1", proc_root=_proc_tree(tmp_path, {800: UID_A}), kill=True, kill_process=refuse)
+    report = dog.check(pods)
+    assert report.killed == () and any("could not kill process 800" in w for w in report.warnings)

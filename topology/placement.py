@@ -1,0 +1,268 @@
+"""Where a request goes on one node: `place`, and applying or releasing what it decided.
+
+- `WholeGpus(k)`: the best k free GPUs by ring bottleneck, pair bandwidth, locality and what
+  the choice leaves behind (`topology.gpu_sets` defines the order; `topology.oracle` checks it).
+- `GpuShare`: the single GPU that strands the least capacity (`topology.share_placement`).
+- `MigSlice`: a free MIG instance of the profile, on a GPU already partly used when possible.
+
+Everything here is a pure function of immutable snapshots; ties break deterministically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from topology.fragmentation import node_state_fragmentation
+from topology.gpu_sets import BANDWIDTH_SCALE, SetKey, best_set, link_table, nic_closeness, set_key
+from topology.model import LinkKind, MigMode, NodeTopology
+from topology.share_placement import place_share, shares_allowed
+from topology.workload import (
+    GpuGrant,
+    GpuShare,
+    MigSlice,
+    Misfit,
+    MisfitReason,
+    NodeState,
+    Placement,
+    Policy,
+    Request,
+    ScoreBreakdown,
+    WholeGpus,
+)
+
+DEFAULT_POLICY = Policy()
+_PIX_RANK = LinkKind.PIX.pcie_rank  # a NIC behind the same PCIe switch counts as fully close
+
+
+def place(node: NodeState, request: Request, policy: Policy = DEFAULT_POLICY) -> Placement | Misfit:
+    """Place `request` on `node`, or say why it does not fit."""
+    if isinstance(request, WholeGpus):
+        return place_whole_gpus(node, request, policy)
+    if isinstance(request, GpuShare):
+        return place_share(node, request)
+    if isinstance(request, MigSlice):
+        return place_mig_slice(node, request)
+    raise TypeError(f"unknown request type {type(request).__name__}")
+
+
+# ----------------------------------------------------------------------------- whole GPUs
+
+
+def whole_gpu_candidates(node: NodeState) -> tuple[int, ...]:
+    """GPUs that may be handed out whole now: usable, idle and not in MIG mode (ascending)."""
+    return tuple(i for i in node.whole_free() if shares_allowed(node, i))
+
+
+def place_whole_gpus(
+    node: NodeState, request: WholeGpus, policy: Policy = DEFAULT_POLICY
+) -> Placement | Misfit:
+    k = request.count
+    topology = node.topology
+    if k < 1:
+        return Misfit(MisfitReason.INVALID_REQUEST, False, f"asked for {k} GPUs")
+    if topology.gpu_count == 0:
+        return Misfit(MisfitReason.NO_GPUS, False)
+    eligible = [i for i in range(topology.gpu_count) if shares_allowed(node, i)]
+    if len(eligible) < k:
+        return Misfit(MisfitReason.TOO_FEW_GPUS, False, f"{k} asked, the node has {len(eligible)}")
+    nic_ranks: tuple[int, ...] | None = None
+    if request.near_nic is not None:
+        nic_ranks = nic_closeness(topology, request.near_nic)
+        if nic_ranks is None:
+            return Misfit(MisfitReason.NIC_NOT_FOUND, False, request.near_nic)
+    usable = [i for i in eligible if node.usage[i].usable]
+    if not usable:
+        return Misfit(MisfitReason.ALL_GPUS_UNHEALTHY, True)
+    free = whole_gpu_candidates(node)
+    if len(free) < k:
+        held_back = len(eligible) - len(usable)
+        detail = f"{k} asked, {len(free)} free" + (
+            f", {held_back} unhealthy or cordoned" if held_back else ""
+        )
+        return Misfit(MisfitReason.TOO_FEW_FREE_GPUS, True, detail)
+    table = link_table(topology)
+    found = best_set(table, free, k, nic_ranks)
+    assert found is not None
+    threshold = round(policy.min_bottleneck_gbps * BANDWIDTH_SCALE)
+    if k >= 2 and found.key.ring < threshold:
+        best_anywhere = table.best_ring_within(_mask(eligible), k)
+        return Misfit(
+            MisfitReason.NO_SET_WITH_LINK_QUALITY,
+            best_anywhere >= threshold,
+            f"best free set reaches {found.key.ring / BANDWIDTH_SCALE:g} GB/s, "
+            f"{policy.min_bottleneck_gbps:g} GB/s required",
+        )
+    grants = tuple(GpuGrant(i, topology.gpus[i].uuid, whole=True) for i in found.gpus)
+    after = apply_placement(node, Placement(node.name, found.gpus, grants, ScoreBreakdown()))
+    score = _breakdown(
+        found.key,
+        len(found.gpus),
+        nic_ranks is not None,
+        node_state_fragmentation(after) - node_state_fragmentation(node),
+    )
+    return Placement(node.name, found.gpus, grants, score)
+
+
+def set_quality(
+    topology: NodeTopology,
+    gpus: Iterable[int],
+    free: Iterable[int] | None = None,
+    near_nic: str | None = None,
+) -> ScoreBreakdown:
+    """The quality terms of an arbitrary GPU set (for ranking nodes, debugging and tests).
+
+    `free` is the set of free GPUs the choice is taken out of (default: `gpus` only, so
+    nothing is left over); `near_nic` adds NIC closeness to the locality term.
+    """
+    chosen = sorted(set(gpus))
+    if any(not 0 <= i < topology.gpu_count for i in chosen):
+        raise ValueError(f"GPU index out of range in {chosen} (node has {topology.gpu_count})")
+    pool = sorted(set(chosen) | set(free or ()))
+    nic_ranks = nic_closeness(topology, near_nic) if near_nic is not None else None
+    key = set_key(link_table(topology), chosen, pool, nic_ranks)
+    return _breakdown(key, len(chosen), nic_ranks is not None, 0.0)
+
+
+def _breakdown(key: SetKey, size: int, near_nic: bool, fragmentation_delta: float) -> ScoreBreakdown:
+    numa_nodes = -key.negative_numa_nodes
+    numa_locality = 1.0 / max(1, numa_nodes)
+    terms: list[tuple[str, float]] = [
+        ("numa_nodes", float(numa_nodes)),
+        ("leftover_pair_gbps", key.leftover_pairs / BANDWIDTH_SCALE),
+    ]
+    locality = numa_locality
+    if near_nic:
+        closeness = min(1.0, key.nic_rank_sum / (_PIX_RANK * size)) if size else 0.0
+        terms.append(("nic_closeness", round(closeness, 6)))
+        locality = (numa_locality + closeness) / 2
+    return ScoreBreakdown(
+        bottleneck_gbps=key.ring / BANDWIDTH_SCALE,
+        total_pair_gbps=key.pair_total / BANDWIDTH_SCALE,
+        locality=round(locality, 6),
+        leftover_gbps=key.leftover_ring / BANDWIDTH_SCALE,
+        fragmentation_delta=round(fragmentation_delta, 9),
+        terms=tuple(terms),
+    )
+
+
+def _mask(indices: Iterable[int]) -> int:
+    mask = 0
+    for i in indices:
+        mask |= 1 << i
+    return mask
+
+
+# ----------------------------------------------------------------------------- MIG
+
+
+def place_mig_slice(node: NodeState, request: MigSlice) -> Placement | Misfit:
+    """A free MIG instance of the profile; GPUs already partly used first, then tighter ones."""
+    if not request.profile:
+        return Misfit(MisfitReason.INVALID_REQUEST, False, "empty MIG profile")
+    gpus = node.topology.gpus
+    offering = [
+        g.index
+        for g in gpus
+        if g.mig_mode is MigMode.ENABLED and any(d.profile == request.profile for d in g.mig_devices)
+    ]
+    if not offering:
+        return Misfit(MisfitReason.NO_MIG_PROFILE, False, request.profile)
+    usable = [i for i in offering if node.usage[i].usable]
+    if not usable:
+        return Misfit(MisfitReason.ALL_GPUS_UNHEALTHY, True, f"every GPU offering {request.profile}")
+    best: tuple[tuple[int, int, int], int] | None = None
+    for i in usable:
+        usage = node.usage[i]
+        if usage.whole:
+            continue
+        free = [
+            d for d in gpus[i].mig_devices if d.profile == request.profile and d.uuid not in usage.mig_used
+        ]
+        if not free:
+            continue
+        key = (0 if usage.mig_used else 1, len(free), i)
+        if best is None or key < best[0]:
+            best = (key, i)
+    if best is None:
+        return Misfit(MisfitReason.MIG_PROFILE_EXHAUSTED, True, request.profile)
+    index = best[1]
+    gpu = gpus[index]
+    device = min(
+        (
+            d
+            for d in gpu.mig_devices
+            if d.profile == request.profile and d.uuid not in node.usage[index].mig_used
+        ),
+        key=lambda d: (d.gpu_instance_id, d.compute_instance_id, d.uuid),
+    )
+    grant = GpuGrant(index, gpu.uuid, whole=False, mig_uuid=device.uuid)
+    score = ScoreBreakdown(terms=(("gpu_partly_used", 1.0 - best[0][0]),))
+    return Placement(node.name, (index,), (grant,), score)
+
+
+# ----------------------------------------------------------------------------- apply / release
+
+
+def apply_placement(node: NodeState, placement: Placement) -> NodeState:
+    """The node after `placement` is granted; ValueError when it would over-allocate a GPU."""
+    usage = list(node.usage)
+    for grant in _checked_grants(node, placement):
+        current = usage[grant.index]
+        where = f"node {node.name} GPU {grant.index}"
+        if grant.whole:
+            if not current.idle:
+                raise ValueError(f"{where}: granted whole but it is already in use")
+            usage[grant.index] = replace(current, whole=True)
+        elif grant.mig_uuid:
+            known = {d.uuid for d in node.topology.gpus[grant.index].mig_devices}
+            if grant.mig_uuid not in known:
+                raise ValueError(f"{where}: has no MIG instance {grant.mig_uuid}")
+            if current.whole or grant.mig_uuid in current.mig_used:
+                raise ValueError(f"{where}: MIG instance {grant.mig_uuid} is already taken")
+            usage[grant.index] = replace(current, mig_used=current.mig_used | {grant.mig_uuid})
+        else:
+            memory = current.memory_used_mib + grant.memory_mib
+            units = current.units_used + grant.units
+            capacity = node.topology.gpus[grant.index].memory_mib
+            if current.whole or units > node.units_per_gpu or (capacity and memory > capacity):
+                raise ValueError(
+                    f"{where}: share of {grant.memory_mib} MiB / {grant.units} units does not fit "
+                    f"({current.memory_used_mib} MiB / {current.units_used} units used, whole={current.whole})"
+                )
+            usage[grant.index] = replace(current, memory_used_mib=memory, units_used=units)
+    return NodeState(node.name, node.topology, tuple(usage), node.units_per_gpu)
+
+
+def release_placement(node: NodeState, placement: Placement) -> NodeState:
+    """The node after `placement` is given back; ValueError when it was not held."""
+    usage = list(node.usage)
+    for grant in _checked_grants(node, placement):
+        current = usage[grant.index]
+        where = f"node {node.name} GPU {grant.index}"
+        if grant.whole:
+            if not current.whole:
+                raise ValueError(f"{where}: released whole but it is not held whole")
+            usage[grant.index] = replace(current, whole=False)
+        elif grant.mig_uuid:
+            if grant.mig_uuid not in current.mig_used:
+                raise ValueError(f"{where}: MIG instance {grant.mig_uuid} is not taken")
+            usage[grant.index] = replace(current, mig_used=current.mig_used - {grant.mig_uuid})
+        else:
+            memory = current.memory_used_mib - grant.memory_mib
+            units = current.units_used - grant.units
+            if memory < 0 or units < 0:
+                raise ValueError(f"{where}: releases more than is held ({memory} MiB, {units} units left)")
+            usage[grant.index] = replace(current, memory_used_mib=memory, units_used=units)
+    return NodeState(node.name, node.topology, tuple(usage), node.units_per_gpu)
+
+
+def _checked_grants(node: NodeState, placement: Placement) -> tuple[GpuGrant, ...]:
+    if placement.node != node.name:
+        raise ValueError(f"placement is for node {placement.node!r}, not {node.name!r}")
+    for grant in placement.grants:
+        if not 0 <= grant.index < node.topology.gpu_count:
+            raise ValueError(f"grant names GPU {grant.index}, node {node.name} has {node.topology.gpu_count}")
+        if grant.memory_mib < 0 or grant.units < 0:
+            raise ValueError(f"grant on GPU {grant.index} has negative memory or units")
+    return placement.grants
