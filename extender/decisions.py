@@ -50,12 +50,13 @@ class _FilterMemo:
 class _Memo:
     """Per node: (state version, placement outcome), (state version, scoring terms); per list: filter."""
 
-    __slots__ = ("filters", "outcomes", "terms")
+    __slots__ = ("filters", "outcomes", "rankings", "terms")
 
     def __init__(self) -> None:
         self.outcomes: dict[str, tuple[int, Outcome]] = {}
         self.terms: dict[str, tuple[int, RawTerms]] = {}
         self.filters: dict[tuple[str, ...], _FilterMemo] = {}
+        self.rankings: dict[tuple[str, ...], tuple[int, list[RawTerms | None], Ranking]] = {}
 
 
 class Decider:
@@ -133,19 +134,36 @@ class Decider:
                 (found.failed if result.resolvable else found.unresolvable)[name] = result.message
 
     def prioritize(self, pod: PodRequest, node_names: Sequence[str]) -> Ranking:
+        """Scores for the nodes; only nodes changed since the same list was last scored are redone."""
         memo = self._memo(pod.request, pod.policy)
-        versions = self._state.node_versions(node_names)
-        terms = []
-        for name, version in zip(node_names, versions, strict=True):
-            hit = memo.terms.get(name)
-            if hit is not None and hit[0] == version:
-                terms.append(hit[1])
-                continue
-            state = self._state.node_state(name)
-            result = self._outcome(memo, name, version, pod.request, pod.policy)
-            if state is None or not isinstance(result, Placement):
-                continue
-            found = node_terms(state, result, pod.request, pod.policy, self._fragmentation)
-            memo.terms[name] = (version, found)
-            terms.append(found)
-        return combine(terms, pod.policy)
+        key = tuple(node_names)
+        found = memo.rankings.get(key)
+        generation, changed = self._state.changes_since(found[0] if found else 0)
+        if found is not None and changed is not None and not changed:
+            return found[2]
+        if found is None or changed is None:
+            positions = list(range(len(key)))
+            terms: list[RawTerms | None] = [None] * len(key)
+        else:
+            terms = found[1]
+            positions = [i for i, n in enumerate(key) if n in changed]
+        names = [key[i] for i in positions]
+        for i, name, version in zip(positions, names, self._state.node_versions(names), strict=True):
+            terms[i] = self._terms(memo, name, version, pod)
+        ranking = combine([t for t in terms if t is not None], pod.policy)
+        if found is None and len(memo.rankings) >= 4:
+            memo.rankings.pop(next(iter(memo.rankings)))
+        memo.rankings[key] = (generation, terms, ranking)
+        return ranking
+
+    def _terms(self, memo: _Memo, name: str, version: int, pod: PodRequest) -> RawTerms | None:
+        hit = memo.terms.get(name)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        state = self._state.node_state(name)
+        result = self._outcome(memo, name, version, pod.request, pod.policy)
+        if state is None or not isinstance(result, Placement):
+            return None
+        found = node_terms(state, result, pod.request, pod.policy, self._fragmentation)
+        memo.terms[name] = (version, found)
+        return found

@@ -1,10 +1,8 @@
 """The node agent loop: discover, publish, watch health, police memory, serve metrics.
 
 `Agent` owns the decisions of one node and is driven by `run` (or by `poll` /
-`handle_event` directly in tests). `main` wires the real or simulated sources to it.
-
-HTTP (metrics port): GET /metrics, GET /healthz, GET /debug/state, and in simulate mode
-POST /debug/inject with a fault command (see `nvml_simulated.FAULT_COMMAND_HELP`).
+`handle_event` directly in tests). `main` wires the real or simulated sources to it and
+starts the HTTP endpoints of `agent_http` on the metrics port.
 """
 
 from __future__ import annotations
@@ -16,10 +14,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from node_agent.agent_http import serve_http
 from node_agent.config import AgentConfig, agent_version, parse_args
 from node_agent.discovery import Discovery, DiscoveryError, discover
 from node_agent.health import (
@@ -38,7 +36,7 @@ from node_agent.kube import AgentEvent, ClusterApi, KubeError, KubernetesCluster
 from node_agent.metrics import AgentMetrics, GpuSample
 from node_agent.nvml_pynvml import PynvmlReader
 from node_agent.nvml_reader import NvmlError, NvmlReader, NvmlUnavailable, XidEvent
-from node_agent.nvml_simulated import FAULT_COMMAND_HELP, FaultCommandError, SimulatedNvml
+from node_agent.nvml_simulated import SimulatedNvml
 from node_agent.publisher import Publisher, health_entries
 from node_agent.smi_runner import SmiError, run_topo_matrix
 from node_agent.watchdog import Watchdog
@@ -149,6 +147,9 @@ class Agent:
                 self.handle_event(event)
 
     def handle_event(self, event: XidEvent) -> None:
+        if event.gpu_index not in {h.index for h in self.tracker.snapshot()}:
+            log.warning("event for GPU %d, which this agent does not track: %s", event.gpu_index, event)
+            return
         fault, change = self.tracker.record_event(event)
         gpu = self.tracker.get(event.gpu_index)
         self.metrics.count_xid(gpu.index, gpu.uuid, event.xid, fault.severity)
@@ -169,8 +170,7 @@ class Agent:
                 changes.append(change)
         changes.extend(self._refresh_cordons())
         if self._clock() - self._discovered_at >= self.config.rediscover_interval_s:
-            self.discovery = self._discover()
-            self._discovered_at = self._clock()
+            self._rediscover()
         self._announce(changes)
         self._police_memory()
         self._publish()
@@ -183,6 +183,19 @@ class Agent:
         for warning in found.warnings:
             log.warning("discovery: %s", warning)
         return found
+
+    def _rediscover(self) -> None:
+        """Refresh the topology, unless a source went missing (then the old view is better)."""
+        self._discovered_at = self._clock()
+        try:
+            fresh = self._discover()
+        except DiscoveryError as exc:
+            log.warning("rediscovery failed, keeping the previous topology: %s", exc)
+            return
+        if fresh.sources.get("identity") != self.discovery.sources.get("identity"):
+            log.warning("rediscovery lost NVML identity facts, keeping the previous topology")
+            return
+        self.discovery = fresh
 
     def _sample_gpus(self) -> list[HealthChange]:
         if self.reader is None:
@@ -311,56 +324,6 @@ class Agent:
         }
 
 
-# ----------------------------------------------------------------------------- HTTP
-
-
-def serve_http(agent: Agent, simulated: SimulatedNvml | None, host: str, port: int) -> ThreadingHTTPServer:
-    """Start the metrics / health / debug server on a daemon thread."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path == "/metrics":
-                body, ctype = agent.metrics.render()
-                self._reply(200, body, ctype)
-            elif self.path == "/healthz":
-                stalled = agent.stalled()
-                self._reply(503 if stalled else 200, b"stalled\n" if stalled else b"ok\n", "text/plain")
-            elif self.path == "/debug/state":
-                self._json(200, agent.state())
-            else:
-                self._reply(404, b"not found\n", "text/plain")
-
-        def do_POST(self) -> None:
-            if self.path != "/debug/inject" or simulated is None:
-                self._reply(404, b"fault injection exists only with --simulate\n", "text/plain")
-                return
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-                command = json.loads(self.rfile.read(length) or b"null")
-                if not isinstance(command, dict):
-                    raise FaultCommandError("expected a JSON object")
-                self._json(200, {"applied": simulated.apply_fault(command)})
-            except (FaultCommandError, ValueError) as exc:
-                self._json(400, {"error": str(exc), "help": FAULT_COMMAND_HELP})
-
-        def _json(self, code: int, doc: object) -> None:
-            self._reply(code, json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n", "application/json")
-
-        def _reply(self, code: int, body: bytes, ctype: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("http: " + format, *args)
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, name="agent-http", daemon=True).start()
-    return server
-
-
 # ----------------------------------------------------------------------------- wiring
 
 
@@ -426,6 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         agent.run(stop)
     finally:
+        log.info("agent stopping")
         if stop_plugins is not None:
             stop_plugins()
         if server is not None:

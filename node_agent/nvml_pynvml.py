@@ -148,13 +148,7 @@ class PynvmlReader:
     def affinity(self, index: int) -> Affinity:
         h = self._handle(index)
         cpu_words = self._optional("nvmlDeviceGetCpuAffinity", h, self._cpu_words, gpu=index)
-        node_words = self._optional(
-            "nvmlDeviceGetMemoryAffinity",
-            h,
-            1,
-            _AFFINITY_SCOPE_NODE,
-            gpu=index,
-        )
+        node_words = self._optional("nvmlDeviceGetMemoryAffinity", h, 1, _AFFINITY_SCOPE_NODE, gpu=index)
         numa = lowest_set_bit([int(w) for w in node_words]) if node_words is not None else None
         if numa is None:
             numa = self._sysfs_numa_node(index)
@@ -166,22 +160,13 @@ class PynvmlReader:
         )
 
     def topology_level(self, a: int, b: int) -> LinkKind:
-        level = self._call(
-            "nvmlDeviceGetTopologyCommonAncestor",
-            self._handle(a),
-            self._handle(b),
-            gpu=a,
-        )
+        level = self._call("nvmlDeviceGetTopologyCommonAncestor", self._handle(a), self._handle(b), gpu=a)
         return LINK_KIND_BY_NVML_LEVEL.get(int(level), LinkKind.SYS)
 
     def p2p_status(self, a: int, b: int, capability: P2PCapability) -> P2PStatus:
         # int(capability): never the binding's READ constant, which is a tuple (see module doc).
         code = self._optional(
-            "nvmlDeviceGetP2PStatus",
-            self._handle(a),
-            self._handle(b),
-            int(capability),
-            gpu=a,
+            "nvmlDeviceGetP2PStatus", self._handle(a), self._handle(b), int(capability), gpu=a
         )
         if code is None:
             return P2PStatus.NOT_SUPPORTED
@@ -206,11 +191,8 @@ class PynvmlReader:
                 pci = self._optional("nvmlDeviceGetNvLinkRemotePciInfo", h, link)
                 remote_bus = _text(pci.busId) if pci is not None else ""
                 kind = self._optional("nvmlDeviceGetNvLinkRemoteDeviceType", h, link)
-                remote_type = (
-                    _REMOTE_TYPES.get(int(kind), RemoteDeviceType.UNKNOWN)
-                    if kind is not None
-                    else remote_type
-                )
+                if kind is not None:
+                    remote_type = _REMOTE_TYPES.get(int(kind), RemoteDeviceType.UNKNOWN)
             links.append(NvLinkInfo(link, active, int(version or 0), remote_bus, remote_type))
         return tuple(links)
 
@@ -248,24 +230,14 @@ class PynvmlReader:
         return tuple(GpuProcess(pid, used) for pid, used in sorted(found.items()))
 
     def utilization(self, index: int) -> Utilization | None:
-        rates = self._optional(
-            "nvmlDeviceGetUtilizationRates",
-            self._handle(index),
-            gpu=index,
-        )
+        rates = self._optional("nvmlDeviceGetUtilizationRates", self._handle(index), gpu=index)
         return Utilization(int(rates.gpu), int(rates.memory)) if rates is not None else None
 
     def ecc(self, index: int) -> EccCounts:
         h = self._handle(index)
 
         def total(error_type: int, counter: int) -> int | None:
-            value = self._optional(
-                "nvmlDeviceGetTotalEccErrors",
-                h,
-                error_type,
-                counter,
-                gpu=index,
-            )
+            value = self._optional("nvmlDeviceGetTotalEccErrors", h, error_type, counter, gpu=index)
             return int(value) if value is not None else None
 
         rows = self._optional("nvmlDeviceGetRemappedRows", h, gpu=index)

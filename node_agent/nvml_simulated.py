@@ -94,7 +94,9 @@ class SimulatedNvml:
         self._gpus = tuple(
             replace(
                 g,
-                uuid=simulated_uuid(node_name, g.index) if node_name else g.uuid or simulated_uuid("", g.index),
+                uuid=simulated_uuid(node_name, g.index)
+                if node_name
+                else g.uuid or simulated_uuid("", g.index),
                 pci_bus_id=g.pci_bus_id or simulated_bus_id(g.index),
                 memory_mib=g.memory_mib or default_memory_mib,
                 model=g.model or "Simulated GPU",

@@ -11,12 +11,16 @@ increasing, so it never changes which node wins.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from bench.cluster.cluster import ClusterState, Decision, affinity_tag
 from bench.cluster.frag_table import IntArray
 from bench.cluster.policy import ClusterPolicy, RunContext, pick_best
 from bench.cluster.trace import MILLI_PER_GPU, TracePod
+
+ScoreFunction = Callable[[ClusterState, TracePod, IntArray], IntArray]
 
 #: Normalisers of the paper's simulator: the largest node's CPU and GPU (MaxSpecCpu, MaxSpecGpu).
 MAX_SPEC_CPU = 128_000
@@ -74,7 +78,7 @@ def packing_scores(cluster: ClusterState, pod: TracePod, feasible: IntArray) -> 
 class ScoredPolicy:
     """A baseline from a vectorised score function, with `best` GPU selection."""
 
-    def __init__(self, context: RunContext, score):  # type: ignore[no-untyped-def]
+    def __init__(self, context: RunContext, score: ScoreFunction):
         self.priority = context.priority
         self.score = score
 

@@ -1,8 +1,8 @@
 """FGD: place each pod where the fragmentation of the target workload grows least (fgd.md §2.3, §3.4).
 
-Faithful mode reproduces the paper's scheduler plugin: score = int(100 · sigmoid(−ΔF / 1000)),
+Faithful mode reproduces the paper's scheduler plugin: score = int(100 · sigmoid(-ΔF / 1000)),
 so small differences tie and go to the node priority; a share goes to the first device (by
-index) reaching the node's best score. Ideal mode ranks by the raw −ΔF instead.
+index) reaching the node's best score. Ideal mode ranks by the raw -ΔF instead.
 
 Devices of a node with the same free milli give the same hypothetical state, so each node is
 tried once per distinct free value (its lowest index standing for the rest).
@@ -19,7 +19,7 @@ from bench.cluster.trace import TracePod
 
 
 def sigmoid_scores(gain: FloatArray) -> IntArray:
-    """The plugin's integer score of a fragmentation gain (F before − F after, milli-GPU)."""
+    """The plugin's integer score of a fragmentation gain (F before - F after, milli-GPU)."""
     return np.trunc(100.0 / (1.0 + np.exp(-gain / 1000.0))).astype(np.int64)
 
 

@@ -138,7 +138,9 @@ class OursPolicy:
         if self.hook is not None:
             class_scores = np.array(
                 [
-                    -np.inf if c is None else self.hook(self.memo.state_of(k), c.placement, request, self.policy)
+                    -np.inf
+                    if c is None
+                    else self.hook(self.memo.state_of(k), c.placement, request, self.policy)
                     for k, c in zip(classes.tolist(), choices, strict=True)
                 ]
             )
@@ -164,6 +166,15 @@ class OursPolicy:
         fullness = 1.0 - (cluster.gpu_left_total[nodes] - pod.gpu_total_milli) / (
             MILLI_PER_GPU * cluster.gpu_count[nodes]
         )
+        import os
+        from bench.cluster.fgd_policy import sigmoid_scores
+        v = os.environ.get("OURS_VARIANT", "")
+        if v == "a":
+            return _lexicographic_best(nodes, sigmoid_scores(-delta), fullness, link, self.priority)
+        if v == "b":
+            return _lexicographic_best(nodes, sigmoid_scores(-delta), link, np.zeros(len(nodes)), self.priority)
+        if v == "c":
+            return _lexicographic_best(nodes, sigmoid_scores(-delta), np.round(fullness, 1), link, self.priority)
         return _lexicographic_best(nodes, -np.round(delta, 1), fullness, link, self.priority)
 
     def _decide_cpu_only(self, cluster: ClusterState, pod: TracePod, feasible: IntArray) -> Decision:
@@ -210,7 +221,7 @@ def _lexicographic_best(
 
 
 def ours_factory(policy: Policy | None = None) -> Callable[[RunContext], ClusterPolicy]:
-    """"ours" with the extender's default policy; placements are shared across the runs it builds."""
+    """ "ours" with the extender's default policy; placements are shared across the runs it builds."""
     memo = PlacementMemo()
     chosen = policy or Policy()
 

@@ -33,7 +33,7 @@ class Arrivals:
 def build_arrivals(
     pods: tuple[TracePod, ...], node_count: int, capacity_milli: int, seed: int, target: float = TARGET_LOAD
 ) -> Arrivals:
-    """Shuffle, then inflate to (or trim down to) `target` × capacity; then the node priority."""
+    """Shuffle, then inflate to (or trim down to) `target` x capacity; then the node priority."""
     rng = np.random.default_rng(seed)
     order = [int(i) for i in rng.permutation(len(pods))]
     total = sum(p.gpu_total_milli for p in pods)

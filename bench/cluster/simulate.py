@@ -7,13 +7,14 @@ departures. After every pod the allocation and cluster fragmentation are recorde
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from bench.cluster.cluster import ClusterState
-from bench.cluster.policy import PolicyFactory, RunContext
+from bench.cluster.frag_table import BoolArray, FloatArray, IntArray
+from bench.cluster.policy import ClusterPolicy, PolicyFactory, RunContext
 from bench.cluster.protocol import RunRecord, build_arrivals, policy_stream
 from bench.cluster.trace import TraceNode, TracePod
 from topology.fragmentation import Workload
@@ -26,30 +27,26 @@ class RunSpec:
     seed: int
 
 
-def simulate(
-    spec: RunSpec,
-    nodes: tuple[TraceNode, ...],
-    pods: tuple[TracePod, ...],
-    workload: Workload,
-    factory: PolicyFactory,
-    pod_limit: int | None = None,
-    clock: Callable[[], float] = time.perf_counter,
-) -> RunRecord:
-    """Run `factory`'s policy over one seed's arrivals; `pod_limit` cuts the run short (tests)."""
-    started = clock()
-    cluster = ClusterState(nodes, workload)
-    arrivals = build_arrivals(pods, cluster.size, cluster.total_gpu_milli, spec.seed)
-    policy = factory(RunContext(cluster, arrivals.node_priority, policy_stream(spec.seed), workload))
-    order = arrivals.pod_order if pod_limit is None else arrivals.pod_order[:pod_limit]
-    count = len(order)
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    """After each pod: cumulative arrived and allocated GPU milli, cluster F_N, whether it was placed."""
+
+    arrived_milli: IntArray
+    allocated_milli: IntArray
+    fragmentation_milli: FloatArray
+    placed: BoolArray
+
+
+def schedule(cluster: ClusterState, arrivals: Sequence[TracePod], policy: ClusterPolicy) -> Trajectory:
+    """Offer `arrivals` to `policy` one at a time, mutating `cluster`; failed pods are dropped."""
+    count = len(arrivals)
     arrived = np.zeros(count, dtype=np.int64)
     allocated = np.zeros(count, dtype=np.int64)
     fragmentation = np.zeros(count, dtype=np.float64)
     placed = np.zeros(count, dtype=np.bool_)
     arrived_total = 0
     allocated_total = 0
-    for step, index in enumerate(order):
-        pod = pods[index]
+    for step, pod in enumerate(arrivals):
         arrived_total += pod.gpu_total_milli
         feasible = cluster.feasible(pod)
         decision = policy.decide(cluster, pod, feasible) if len(feasible) else None
@@ -60,14 +57,37 @@ def simulate(
         arrived[step] = arrived_total
         allocated[step] = allocated_total
         fragmentation[step] = cluster.frag.values.sum()
+    return Trajectory(arrived, allocated, fragmentation, placed)
+
+
+def simulate(
+    spec: RunSpec,
+    nodes: tuple[TraceNode, ...],
+    pods: tuple[TracePod, ...],
+    workload: Workload,
+    factory: PolicyFactory,
+    pod_limit: int | None = None,
+    clock: Callable[[], float] = time.process_time,
+) -> RunRecord:
+    """One seed of the paper's protocol; `pod_limit` cuts the run short (tests).
+
+    `seconds` in the record is `clock` time (CPU time of this process by default, which stays
+    meaningful when other work shares the cores).
+    """
+    started = clock()
+    cluster = ClusterState(nodes, workload)
+    arrivals = build_arrivals(pods, cluster.size, cluster.total_gpu_milli, spec.seed)
+    policy = factory(RunContext(cluster, arrivals.node_priority, policy_stream(spec.seed), workload))
+    order = arrivals.pod_order if pod_limit is None else arrivals.pod_order[:pod_limit]
+    trajectory = schedule(cluster, [pods[i] for i in order], policy)
     return RunRecord(
         trace=spec.trace,
         policy=spec.policy,
         seed=spec.seed,
         capacity_milli=cluster.total_gpu_milli,
-        arrived_milli=arrived,
-        allocated_milli=allocated,
-        fragmentation_milli=fragmentation,
-        placed=placed,
+        arrived_milli=trajectory.arrived_milli,
+        allocated_milli=trajectory.allocated_milli,
+        fragmentation_milli=trajectory.fragmentation_milli,
+        placed=trajectory.placed,
         seconds=clock() - started,
     )

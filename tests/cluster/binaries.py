@@ -218,7 +218,10 @@ def _apt_install_etcd(progress: Progress) -> None:
         )
     prefix: list[str] = []
     if os.geteuid() != 0:
-        if shutil.which("sudo") is None or subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode:
+        if (
+            shutil.which("sudo") is None
+            or subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode
+        ):
             raise BinariesError(
                 "etcd is not on PATH and installing Debian's `etcd-server` needs root: run "
                 "`sudo apt-get install etcd-server`, or set ETCD=/path/to/etcd"
@@ -232,7 +235,9 @@ def _apt_install_etcd(progress: Progress) -> None:
         progress("apt-get install failed; running apt-get update first")
         update = subprocess.run([*prefix, "apt-get", "update"], env=env, capture_output=True, text=True)
         if update.returncode != 0:
-            raise BinariesError(f"`apt-get update` failed (exit {update.returncode}):\n{update.stderr[-2000:]}")
+            raise BinariesError(
+                f"`apt-get update` failed (exit {update.returncode}):\n{update.stderr[-2000:]}"
+            )
         result = subprocess.run(install, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise BinariesError(

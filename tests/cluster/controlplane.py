@@ -40,7 +40,9 @@ from typing import Any, TypeVar
 
 import yaml
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import ConflictError, ResourceNotFoundError
 
 from tests.cluster.binaries import Binaries
 
@@ -74,7 +76,8 @@ def _load_prctl() -> Callable[..., int] | None:
     if sys.platform != "linux":
         return None
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+        return prctl
     except (OSError, AttributeError):
         return None
 
@@ -383,10 +386,15 @@ class ControlPlane:
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [
-                {"name": "linkpack-test", "cluster": {"server": self.server, "insecure-skip-tls-verify": True}}
+                {
+                    "name": "linkpack-test",
+                    "cluster": {"server": self.server, "insecure-skip-tls-verify": True},
+                }
             ],
             "users": [{"name": ADMIN_USER, "user": {"token": self.token}}],
-            "contexts": [{"name": "linkpack-test", "context": {"cluster": "linkpack-test", "user": ADMIN_USER}}],
+            "contexts": [
+                {"name": "linkpack-test", "context": {"cluster": "linkpack-test", "user": ADMIN_USER}}
+            ],
             "current-context": "linkpack-test",
         }
         self.kubeconfig_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -396,7 +404,7 @@ class ControlPlane:
         core = client.CoreV1Api(self.api_client())
 
         def present() -> bool:
-            names = {ns.metadata.name for ns in core.list_namespace().items}
+            names = {ns.metadata.name for ns in core.list_namespace().items if ns.metadata}
             return {"default", "kube-system"} <= names
 
         wait_for(present, _START_TIMEOUT_S, "namespaces default and kube-system")
@@ -419,18 +427,36 @@ class ControlPlane:
             spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds)
         )
         response = core.create_namespaced_service_account_token(name, namespace, request)
-        return str(response.status.token)
+        if response.status is None or not response.status.token:
+            raise ControlPlaneError(f"TokenRequest for {namespace}/{name} returned no token")
+        return response.status.token
+
+    def dynamic_client(self) -> DynamicClient:
+        """A DynamicClient whose discovery cache lives in the work directory (not in /tmp)."""
+        return DynamicClient(self.api_client(), cache_file=str(self.workdir / "discovery-cache.json"))
+
+    def create_objects(
+        self, objects: Iterable[Mapping[str, Any]], dry_run: bool = False, exist_ok: bool = False
+    ) -> list[dict[str, Any]]:
+        """Create manifest objects (see `create_objects`)."""
+        return create_objects(self.dynamic_client(), objects, dry_run=dry_run, exist_ok=exist_ok)
 
     # ------------------------------------------------------------------ scheduler
 
     def start_scheduler(self, config_text: str, verbosity: int = 2, wait_s: float = 60.0) -> Path:
         """Start kube-scheduler with this KubeSchedulerConfiguration; returns its log path.
 
-        Waits until the scheduler logs that it started its informers (or leads), and raises
-        ControlPlaneError with the log tail if it exits first (e.g. an invalid config).
+        With leader election on (the default), the Lease's namespace is created if missing and
+        this waits until the lease is acquired; otherwise until the scheduler starts. Raises
+        ControlPlaneError with the log tail if the scheduler exits first (e.g. a bad config).
         """
         if self._scheduler is not None:
             raise ControlPlaneError("kube-scheduler already running; call stop_scheduler() first")
+        config = yaml.safe_load(config_text) or {}
+        election = config.get("leaderElection") or {}
+        leader_elect = bool(election.get("leaderElect", True))
+        if leader_elect:
+            self._ensure_namespace(str(election.get("resourceNamespace") or "kube-system"))
         self._scheduler_runs += 1
         run = self._scheduler_runs
         config_path = self.workdir / f"scheduler-config-{run}.yaml"
@@ -438,27 +464,30 @@ class ControlPlane:
         log_path = self.log_dir / (f"kube-scheduler-{run}.log" if run > 1 else "kube-scheduler.log")
         self._scheduler = _Process(
             "kube-scheduler",
-            [
-                str(self.binaries.scheduler),
-                f"--config={config_path}",
-                "--secure-port=0",
-                f"--v={verbosity}",
-            ],
+            [str(self.binaries.scheduler), f"--config={config_path}", "--secure-port=0", f"--v={verbosity}"],
             log_path,
         )
         process = self._scheduler
+        marker = "successfully acquired lease" if leader_elect else "starting kubernetes scheduler"
 
         def started() -> bool:
             process.check_alive()
-            text = log_path.read_text(errors="replace")
-            return "successfully acquired lease" in text or "Starting Kubernetes Scheduler" in text
+            return marker in log_path.read_text(errors="replace").lower()
 
         try:
-            wait_for(started, wait_s, "kube-scheduler to start", on_timeout=lambda: tail(log_path))
+            wait_for(started, wait_s, f"kube-scheduler ({marker!r})", on_timeout=lambda: tail(log_path))
         except BaseException:
             self.stop_scheduler()
             raise
         return log_path
+
+    def _ensure_namespace(self, name: str) -> None:
+        core = client.CoreV1Api(self.api_client())
+        try:
+            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
 
     @property
     def scheduler_log_path(self) -> Path | None:
@@ -506,7 +535,7 @@ def create_fake_node(
         "kind": "Node",
         "metadata": {"name": name, "labels": dict(labels or {}), "annotations": dict(annotations or {})},
     }
-    core.create_node(body)
+    core.create_node(body)  # type: ignore[arg-type]  # the client accepts plain dicts
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     status = {
         "status": {
@@ -522,7 +551,10 @@ def create_fake_node(
                     "lastTransitionTime": now,
                 }
             ],
-            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}],
+            "addresses": [
+                {"type": "InternalIP", "address": "127.0.0.1"},
+                {"type": "Hostname", "address": name},
+            ],
         }
     }
     core.patch_node_status(name, status)
@@ -547,13 +579,60 @@ def bind_pod(api: client.ApiClient, namespace: str, name: str, node: str, uid: s
         "metadata": metadata,
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
-    response = client.CoreV1Api(api).create_namespaced_pod_binding(
-        name, namespace, body, _preload_content=False
+    # The response is a Status, not the Binding the client expects: take it raw (protocols.md §6.2).
+    response: Any = client.CoreV1Api(api).create_namespaced_pod_binding(
+        name,
+        namespace,
+        body,  # type: ignore[arg-type]
+        _preload_content=False,
     )
     return int(response.status)
 
 
 # ---------------------------------------------------------------------- manifests
+
+
+def create_objects(
+    dynamic: DynamicClient,
+    objects: Iterable[Mapping[str, Any]],
+    dry_run: bool = False,
+    exist_ok: bool = False,
+) -> list[dict[str, Any]]:
+    """POST each object to its resource (found by discovery); the created objects, in order.
+
+    `dry_run` asks the server to validate and admit without storing (dryRun=All); `exist_ok`
+    skips objects that already exist (409) and returns the stored object in their place.
+    """
+    created: list[dict[str, Any]] = []
+    for obj in objects:
+        api_version, kind = str(obj["apiVersion"]), str(obj["kind"])
+        try:
+            resource = dynamic.resources.get(api_version=api_version, kind=kind)
+        except ResourceNotFoundError:  # e.g. a kind whose CRD was created a moment ago
+            dynamic.resources.invalidate_cache()
+            resource = dynamic.resources.get(api_version=api_version, kind=kind)
+        metadata = obj.get("metadata") or {}
+        namespace = (metadata.get("namespace") or "default") if resource.namespaced else None
+        try:
+            result = resource.create(body=dict(obj), namespace=namespace, dry_run="All" if dry_run else None)
+        except ConflictError:
+            if not exist_ok:
+                raise
+            result = resource.get(name=metadata.get("name"), namespace=namespace)
+        created.append(result.to_dict())
+    return created
+
+
+def wait_for_crd(api: client.ApiClient, name: str, timeout_s: float = 30.0) -> None:
+    """Until the CustomResourceDefinition `name` is Established (its API is served)."""
+    extensions = client.ApiextensionsV1Api(api)
+
+    def established() -> bool:
+        crd = extensions.read_custom_resource_definition(name)
+        conditions = (crd.status.conditions if crd.status else None) or []
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+    wait_for(established, timeout_s, f"CRD {name} to be Established")
 
 
 def load_manifest(path: Path) -> list[dict[str, Any]]:
@@ -580,7 +659,8 @@ def render_scheduler_config(
 def temporary_namespace(api: client.ApiClient, prefix: str = "t-") -> Iterator[str]:
     """A fresh namespace; its pods are deleted at once (no kubelet) and it is deleted after."""
     core = client.CoreV1Api(api)
-    created = core.create_namespace({"metadata": {"generateName": prefix}})
+    created = core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(generate_name=prefix)))
+    assert created.metadata is not None
     name = str(created.metadata.name)
     try:
         yield name

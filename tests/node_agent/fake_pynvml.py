@@ -49,7 +49,9 @@ class FakeGpu:
     cpu_words: tuple[int, ...] = (0xFF, 0)  # CPUs 0-7
     node_words: tuple[int, ...] | None = (0b100,)  # NUMA node 2
     numa_id: int | None = None  # None: not supported
-    links: dict[int, tuple[int, int, str, int]] = field(default_factory=dict)  # link -> state, version, bus, type
+    links: dict[int, tuple[int, int, str, int]] = field(
+        default_factory=dict
+    )  # link -> state, version, bus, type
     mig_mode: tuple[int, int] | None = (0, 0)
     migs: list[FakeMig | None] = field(default_factory=list)
     procs: list[tuple[int, int | None]] = field(default_factory=list)

@@ -11,11 +11,13 @@ from types import MappingProxyType
 
 import pytest
 
-from node_agent.app import Agent, main, serve_http, simulated_topo_text, start_device_plugins
+from node_agent.agent_http import serve_http
+from node_agent.app import Agent, main, simulated_topo_text, start_device_plugins
 from node_agent.config import AgentConfig, parse_args
 from node_agent.health import CORDON_ANNOTATION
 from node_agent.kube import PodInfo
 from node_agent.metrics import AgentMetrics
+from node_agent.nvml_reader import XidEvent
 from node_agent.nvml_simulated import SimulatedNvml
 from tests.node_agent.machines import FakeClock, FakeCluster, machine, topo_text
 from topology.allocation import ALLOCATION_ANNOTATION, Allocation, encode_allocation
@@ -31,6 +33,12 @@ def _agent(tmp_path, name="hgx-h100", **overrides):
     text = topo_text(name)
     agent = Agent(config, sim, cluster, AgentMetrics(), lambda: text, clock)
     return agent, sim, cluster, clock
+
+
+def _next_event(sim: SimulatedNvml) -> XidEvent:
+    event = sim.wait_event(0)
+    assert event is not None
+    return event
 
 
 def _healthy(cluster):
@@ -73,7 +81,9 @@ def test_application_xid_counts_but_keeps_the_gpu(tmp_path):
     agent.poll()
     writes = cluster.status_writes
     sim.inject_xid(1, 13)
-    agent.handle_event(sim.wait_event(0))
+    event = sim.wait_event(0)
+    assert event is not None
+    agent.handle_event(event)
     assert _healthy(cluster)[1] is True and cluster.status_writes == writes and cluster.events == []
 
 
@@ -95,7 +105,7 @@ def test_lost_gpu_is_fatal_and_stays_out(tmp_path):
     agent, sim, cluster, clock = _agent(tmp_path)
     agent.poll()
     sim.inject_xid(2, 79)
-    agent.handle_event(sim.wait_event(0))
+    agent.handle_event(_next_event(sim))
     clock.advance(10_000)
     agent.poll()
     entry = cluster.status["gpuHealth"][2]
@@ -123,9 +133,19 @@ def test_watchdog_reports_a_pod_over_its_share(tmp_path):
     uid = "1b2c3d4e-5f60-4a7b-8c9d-0e1f2a3b4c5d"
     (tmp_path / "900").mkdir()
     (tmp_path / "900" / "cgroup").write_text(f"0::/kubepods/burstable/pod{uid}/c1\n")
-    allocation = Allocation("n1", (GpuGrant(6, agent.topology.gpus[6].uuid, False, memory_mib=1024, units=10),))
+    allocation = Allocation(
+        "n1", (GpuGrant(6, agent.topology.gpus[6].uuid, False, memory_mib=1024, units=10),)
+    )
     cluster.pods = [
-        PodInfo("ml", "hungry", uid, "3", "n1", "Running", MappingProxyType({ALLOCATION_ANNOTATION: encode_allocation(allocation)}))
+        PodInfo(
+            "ml",
+            "hungry",
+            uid,
+            "3",
+            "n1",
+            "Running",
+            MappingProxyType({ALLOCATION_ANNOTATION: encode_allocation(allocation)}),
+        )
     ]
     sim.set_process(6, 900, 4096 * MIB)
     agent.poll()
@@ -136,18 +156,33 @@ def test_watchdog_reports_a_pod_over_its_share(tmp_path):
     assert b'linkpack_pod_gpu_memory_used_bytes{gpu="6",namespace="ml",pod="hungry"} 4.294967296e+09' in body
 
 
+def test_rediscovery_keeps_the_old_view_when_nvml_goes_missing(tmp_path):
+    agent, sim, cluster, clock = _agent(tmp_path, rediscover_interval_s=100)
+    agent.poll()
+    before = agent.topology
+    sim.set_gpu_lost(0)  # NVML can no longer name every GPU: discovery would fall back to topo -m
+    clock.advance(100)
+    agent.poll()
+    assert agent.topology is before and cluster.spec_writes == 1
+    sim.set_gpu_lost(0, False)
+    sim.set_nvlink_active(0, 0, False)  # a real change: GPU0's link count drops
+    clock.advance(100)
+    agent.poll()
+    assert agent.topology is not before and cluster.spec_writes == 2
+
+
 def test_without_a_cluster_the_agent_still_tracks_health(tmp_path):
     config = AgentConfig(node_name="n1", proc_root=tmp_path)
     sim = SimulatedNvml(machine("dgx1-v100"))
     agent = Agent(config, sim, None, AgentMetrics())
     sim.inject_xid(0, 74)
-    agent.handle_event(sim.wait_event(0))
+    agent.handle_event(_next_event(sim))
     assert not agent.health()[0].healthy
     agent.poll()
 
 
 def test_run_loop_handles_events_from_another_thread_and_stops(tmp_path):
-    agent, sim, cluster, _ = _agent(tmp_path, poll_interval_s=0.05)
+    agent, sim, _cluster, _ = _agent(tmp_path, poll_interval_s=0.05)
     stop = threading.Event()
     loop = threading.Thread(target=agent.run, args=(stop,))
     loop.start()
@@ -169,7 +204,7 @@ def _get(url: str) -> tuple[int, bytes]:
         return err.code, err.read()
 
 
-def _post(url: str, doc: object) -> tuple[int, dict]:
+def _post(url: str, doc: object) -> tuple[int, dict[str, str]]:
     request = urllib.request.Request(url, data=json.dumps(doc).encode(), method="POST")
     try:
         with urllib.request.urlopen(request, timeout=5) as resp:
@@ -189,8 +224,13 @@ def test_http_endpoints_and_fault_injection(tmp_path):
         assert status == 200 and b"linkpack_gpu_healthy" in body
         status, body = _get(base + "/debug/state")
         state = json.loads(body)
-        assert status == 200 and state["sources"]["links"] == "nvml (simulated)" and len(state["gpuHealth"]) == 8
-        assert _post(base + "/debug/inject", {"gpu": 2, "xid": 48}) == (200, {"applied": "GPU 2: XID 48 injected"})
+        assert (
+            status == 200 and state["sources"]["links"] == "nvml (simulated)" and len(state["gpuHealth"]) == 8
+        )
+        assert _post(base + "/debug/inject", {"gpu": 2, "xid": 48}) == (
+            200,
+            {"applied": "GPU 2: XID 48 injected"},
+        )
         assert sim.wait_event(0) is not None
         code, doc = _post(base + "/debug/inject", {"gpu": 2})
         assert code == 400 and "exactly one of" in doc["error"] and "POST a JSON object" in doc["help"]

@@ -7,7 +7,15 @@ from types import MappingProxyType
 
 import pytest
 
-from node_agent.discovery import SOURCE_TOPO, DiscoveryError, NvmlSnapshot, discover, links_from_nvml, merge, read_nvml
+from node_agent.discovery import (
+    SOURCE_TOPO,
+    DiscoveryError,
+    NvmlSnapshot,
+    discover,
+    links_from_nvml,
+    merge,
+    read_nvml,
+)
 from node_agent.nvml_simulated import SimulatedNvml
 from tests.node_agent.machines import machine, topo_text
 from topology.model import GpuLink, LinkKind, MigDevice, MigMode
@@ -73,7 +81,9 @@ def test_when_sources_disagree_nvml_wins_and_a_warning_names_the_pair():
     )
     found = discover(SimulatedNvml(drifted), topo_text("dgx1-v100"))
     assert found.topology.link(0, 1).nvlinks == 1
-    assert any("GPU 0-GPU 1: NVML says NV1, nvidia-smi topo -m says NV2; using NVML" in w for w in found.warnings)
+    assert any(
+        "GPU 0-GPU 1: NVML says NV1, nvidia-smi topo -m says NV2; using NVML" in w for w in found.warnings
+    )
     assert found.topology.warnings == found.warnings
 
 

@@ -40,8 +40,14 @@ POD = {
     "spec": {
         "nodeName": "n1",
         "containers": [
-            {"name": "main", "resources": {"requests": {"linkpack.io/gpu": "2", "cpu": "4", "memory": "8Gi"}}},
-            {"name": "side", "resources": {"limits": {"linkpack.io/gpu-memory": "1k", "nvidia.com/gpu": "1"}}},
+            {
+                "name": "main",
+                "resources": {"requests": {"linkpack.io/gpu": "2", "cpu": "4", "memory": "8Gi"}},
+            },
+            {
+                "name": "side",
+                "resources": {"limits": {"linkpack.io/gpu-memory": "1k", "nvidia.com/gpu": "1"}},
+            },
         ],
     },
     "status": {"phase": "Running"},
@@ -50,7 +56,13 @@ POD = {
 
 def test_pod_translation_keeps_extended_requests_only():
     pod = pod_from_dict(POD)
-    assert (pod.namespace, pod.name, pod.uid, pod.resource_version, pod.node_name) == ("ml", "train-0", "u-1", "812", "n1")
+    assert (pod.namespace, pod.name, pod.uid, pod.resource_version, pod.node_name) == (
+        "ml",
+        "train-0",
+        "u-1",
+        "812",
+        "n1",
+    )
     assert pod.annotations["linkpack.io/allocation"] == "{}"
     assert pod.containers[0].resources == (("linkpack.io/gpu", 2),)
     assert pod.containers[1].resources == (("linkpack.io/gpu-memory", 1000), ("nvidia.com/gpu", 1))
@@ -79,9 +91,16 @@ def test_event_body_is_accepted_by_the_client_model():
     assert "namespace" not in body["involvedObject"]
     assert body["firstTimestamp"] == rfc3339(now) == "2024-05-01T10:00:00Z"
     model = client.CoreV1Event.from_dict(body)
+    assert model is not None
     assert model.involved_object.name == "n1" and model.reason == "GpuUnhealthy"
     pod_event = event_body(AgentEvent("GpuMemoryOverShare", "x", "Pod", "p", "ml", "u-1", True), "n1", now)
-    assert pod_event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": "ml", "uid": "u-1"}
+    assert pod_event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": "p",
+        "namespace": "ml",
+        "uid": "u-1",
+    }
 
 
 @pytest.mark.parametrize(
@@ -127,7 +146,10 @@ def test_put_spec_creates_then_replaces_with_the_resource_version():
     api = _api(custom={"get_cluster_custom_object": [ApiException(status=404)]})
     api.put_topology_spec("n1", {"gpus": []}, "h1")
     assert [c[0] for c in api._custom.calls] == ["get_cluster_custom_object", "create_cluster_custom_object"]
-    existing = {"metadata": {"name": "n1", "resourceVersion": "9", "annotations": {HASH_ANNOTATION: "h1"}}, "spec": {}}
+    existing = {
+        "metadata": {"name": "n1", "resourceVersion": "9", "annotations": {HASH_ANNOTATION: "h1"}},
+        "spec": {},
+    }
     api = _api(custom={"get_cluster_custom_object": [existing]})
     api.put_topology_spec("n1", {"gpus": []}, "h2")
     name, args, _ = api._custom.calls[-1]
@@ -175,7 +197,9 @@ def test_listing_pods_uses_the_node_field_selector_and_translates():
 def test_missing_topology_is_none_and_other_errors_raise():
     assert _api(custom={"get_cluster_custom_object": [ApiException(status=404)]}).get_topology("n1") is None
     with pytest.raises(KubeError, match="HTTP 403"):
-        _api(custom={"get_cluster_custom_object": [ApiException(status=403, reason="Forbidden")]}).get_topology("n1")
+        _api(
+            custom={"get_cluster_custom_object": [ApiException(status=403, reason="Forbidden")]}
+        ).get_topology("n1")
 
 
 def test_events_are_sent_as_client_models():

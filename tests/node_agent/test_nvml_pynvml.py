@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
 
@@ -17,6 +18,9 @@ from node_agent.nvml_reader import (
     P2PStatus,
     RemoteDeviceType,
     XidEvent,
+    cpulist_from_mask_words,
+    lowest_set_bit,
+    normalize_bus_id,
 )
 from tests.node_agent.fake_pynvml import (
     GPU_IS_LOST,
@@ -68,9 +72,20 @@ def reader(fake, tmp_path) -> PynvmlReader:
     return PynvmlReader.open(fake, cpu_count=128, sysfs_root=tmp_path)
 
 
+def test_mask_and_bus_id_helpers():
+    assert cpulist_from_mask_words([0b1101_0000_1111, 1 << 63, 1]) == "0-3,8,10-11,127-128"
+    assert cpulist_from_mask_words([0, 0]) == ""
+    assert lowest_set_bit([0, 0b1000]) == 67 and lowest_set_bit([0]) is None
+    assert normalize_bus_id("0000:0f:00.0") == "00000000:0F:00.0" == normalize_bus_id("00000000:0F:00.0")
+
+
 def test_identity_and_affinity_are_translated(reader):
     d = reader.identity(0)
-    assert (d.uuid, d.name, d.pci_bus_id) == ("GPU-aaaaaaaa-0000-0000-0000-000000000000", "NVIDIA A100-SXM4-80GB", BUS0)
+    assert (d.uuid, d.name, d.pci_bus_id) == (
+        "GPU-aaaaaaaa-0000-0000-0000-000000000000",
+        "NVIDIA A100-SXM4-80GB",
+        BUS0,
+    )
     assert d.memory_total_mib == 80 * 1024 and d.memory_used_bytes == GIB
     a0 = reader.affinity(0)
     assert (a0.cpulist, a0.numa_node, a0.gpu_numa_id) == ("0-7", 2, None)
@@ -106,7 +121,11 @@ def test_topology_levels_map_to_link_kinds(reader, fake):
 
 def test_nvlinks_are_probed_up_to_the_binding_maximum(reader, fake):
     links = reader.nvlinks(0)
-    assert [(lk.link, lk.active, lk.remote_pci_bus_id) for lk in links] == [(0, True, BUS1), (1, True, BUS1), (2, False, "")]
+    assert [(lk.link, lk.active, lk.remote_pci_bus_id) for lk in links] == [
+        (0, True, BUS1),
+        (1, True, BUS1),
+        (2, False, ""),
+    ]
     assert links[0].remote_type is RemoteDeviceType.GPU and links[0].generation == 3
     assert fake.calls.count("nvmlDeviceGetNvLinkState") == 36
     switch_links = reader.nvlinks(1)
@@ -156,7 +175,12 @@ def test_processes_utilization_and_ecc(reader, fake):
     u = reader.utilization(0)
     assert u is not None and (u.gpu_percent, u.memory_percent) == (37, 12)
     ecc = reader.ecc(0)
-    assert (ecc.volatile_uncorrected, ecc.volatile_corrected, ecc.remap_pending, ecc.remap_failed) == (2, 0, True, False)
+    assert (ecc.volatile_uncorrected, ecc.volatile_corrected, ecc.remap_pending, ecc.remap_failed) == (
+        2,
+        0,
+        True,
+        False,
+    )
     fake.fail["nvmlDeviceGetUtilizationRates"] = NOT_SUPPORTED
     fake.fail["nvmlDeviceGetTotalEccErrors"] = NOT_SUPPORTED
     fake.fail["nvmlDeviceGetRemappedRows"] = NOT_SUPPORTED
@@ -233,8 +257,6 @@ def test_no_nvml_error_leaks(failure, method, args):
     for name in dir(fake):
         if name.startswith("nvml") and name not in ("nvmlShutdown",):
             fake.fail[name] = failure
-    try:
+    with contextlib.suppress(NvmlError):
         getattr(reader, method)(*args)
-    except NvmlError:
-        pass
     reader.close()

@@ -21,7 +21,9 @@ from topology.model import LinkKind, MigDevice, MigMode
 MIB = 1024 * 1024
 
 
-@pytest.mark.parametrize(("name", "links", "version", "switches"), [("dgx-a100", 12, 4, 6), ("hgx-h100", 18, 6, 4)])
+@pytest.mark.parametrize(
+    ("name", "links", "version", "switches"), [("dgx-a100", 12, 4, 6), ("hgx-h100", 18, 6, 4)]
+)
 def test_nvswitch_machines_report_every_link_ending_at_a_switch(name, links, version, switches):
     sim = SimulatedNvml(machine(name))
     assert sim.device_count() == 8

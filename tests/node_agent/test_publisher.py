@@ -12,7 +12,14 @@ from topology.codec import content_hash
 
 def _health(healthy: bool = True) -> tuple[GpuHealth, ...]:
     return (
-        GpuHealth(0, "GPU-0", healthy, "" if healthy else "XID 48", 1000.0, None if healthy else Severity.NEEDS_RESET),
+        GpuHealth(
+            0,
+            "GPU-0",
+            healthy,
+            "" if healthy else "XID 48",
+            1000.0,
+            None if healthy else Severity.NEEDS_RESET,
+        ),
     )
 
 
@@ -39,7 +46,7 @@ def test_spec_is_written_once_then_only_on_hash_change():
         clock.advance(1)
         assert not pub.publish(topo, _health()).wrote_spec
     assert (cluster.spec_writes, cluster.status_writes) == (1, 1)
-    changed = replace(topo, gpus=(replace(topo.gpus[0], memory_mib=1),) + topo.gpus[1:])
+    changed = replace(topo, gpus=(replace(topo.gpus[0], memory_mib=1), *topo.gpus[1:]))
     assert pub.publish(changed, _health()).wrote_spec
     assert cluster.spec_writes == 2
 

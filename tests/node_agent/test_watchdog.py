@@ -43,8 +43,13 @@ def test_pod_uid_is_found_in_every_cgroup_layout(text):
 
 @pytest.mark.parametrize(
     "text",
-    ["", "0::/init.scope\n", "0::/system.slice/containerd.service", "12:memory:/user.slice/podman-1234.scope",
-     "0::/kubepods.slice/kubepods-burstable.slice"],  # fmt: skip
+    [
+        "",
+        "0::/init.scope\n",
+        "0::/system.slice/containerd.service",
+        "12:memory:/user.slice/podman-1234.scope",
+        "0::/kubepods.slice/kubepods-burstable.slice",
+    ],
 )
 def test_processes_outside_pods_have_no_uid(text):
     assert pod_uid_from_cgroup(text) is None
@@ -78,7 +83,13 @@ def test_assess_flags_only_pods_above_their_share():
 def _pod(uid: str, name: str, grants: tuple[GpuGrant, ...], node: str = "n1") -> PodInfo:
     allocation = Allocation(node=node, grants=grants)
     return PodInfo(
-        "ml", name, uid, "7", node, "Running", MappingProxyType({ALLOCATION_ANNOTATION: encode_allocation(allocation)})
+        "ml",
+        name,
+        uid,
+        "7",
+        node,
+        "Running",
+        MappingProxyType({ALLOCATION_ANNOTATION: encode_allocation(allocation)}),
     )
 
 
@@ -101,9 +112,13 @@ def test_watchdog_reports_each_episode_once_and_can_kill(tmp_path):
         _pod(UID_B, "fits", (GpuGrant(3, "GPU-y", False, memory_mib=2048, units=10),)),
     ]
     killed: list[tuple[int, int]] = []
-    dog = Watchdog(sim, "n1", proc_root=proc, kill=True, kill_process=lambda pid, sig: killed.append((pid, sig)))
+    dog = Watchdog(
+        sim, "n1", proc_root=proc, kill=True, kill_process=lambda pid, sig: killed.append((pid, sig))
+    )
     first = dog.check(pods)
-    assert [v.pod for v in first.violations] == ["small"] and [v.pod for v in first.new_violations] == ["small"]
+    assert [v.pod for v in first.violations] == ["small"] and [v.pod for v in first.new_violations] == [
+        "small"
+    ]
     assert killed == [(500, signal.SIGKILL)] and first.killed == (500,)
     second = dog.check(pods)
     assert second.violations and second.new_violations == ()  # same episode: no second event
@@ -118,7 +133,9 @@ def test_watchdog_without_kill_only_reports(tmp_path):
     sim.set_process(0, 600, 9000 * MIB)
     pods = [_pod(UID_A, "p", (GpuGrant(0, "GPU-x", False, memory_mib=1024),))]
     calls: list[int] = []
-    dog = Watchdog(sim, "n1", proc_root=_proc_tree(tmp_path, {600: UID_A}), kill_process=lambda p, s: calls.append(p))
+    dog = Watchdog(
+        sim, "n1", proc_root=_proc_tree(tmp_path, {600: UID_A}), kill_process=lambda p, s: calls.append(p)
+    )
     assert dog.check(pods).violations and calls == []
 
 

@@ -1,0 +1,156 @@
+"""`python -m bench.cluster`: the FGD-paper cluster packing benchmark (see bench/cluster/__init__.py).
+
+Examples:
+    python -m bench.cluster --quick                       # default trace, seeds 42-43, all policies
+    python -m bench.cluster --traces default,gpushare40,multigpu50 --seeds 42-51 --policies all
+    python -m bench.cluster --policies fgd,ours --seeds 42,45 --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+
+from bench.cluster.policy import PolicyFactory
+from bench.cluster.protocol import RunRecord
+from bench.cluster.registry import parse_policies
+from bench.cluster.report import PolicySummary, markdown_section, summarise, write_plot, write_section
+from bench.cluster.simulate import RunSpec, simulate
+from bench.cluster.topologies import wiring_name
+from bench.cluster.trace import (
+    NODE_FILE,
+    REPO_ROOT,
+    TraceNode,
+    TracePod,
+    load_nodes,
+    load_paper_results,
+    load_pods,
+    openb_dir,
+    paper_workload,
+    pod_file,
+)
+from topology.fragmentation import Workload
+
+DEFAULT_SEEDS = tuple(range(42, 52))
+QUICK_SEEDS = (42, 43)
+BENCHMARKS_MD = REPO_ROOT / "docs" / "BENCHMARKS.md"
+PLOT_PATH = REPO_ROOT / "docs" / "img" / "cluster-packing-default.png"
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    seeds: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        seeds.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(seeds)
+
+
+# ----------------------------------------------------------------------------- worker side
+
+_NODES: tuple[TraceNode, ...] | None = None
+_TRACES: dict[str, tuple[tuple[TracePod, ...], Workload]] = {}
+_FACTORIES: dict[str, PolicyFactory] = {}
+
+
+def run_one(spec: RunSpec) -> RunRecord:
+    """One run; traces and policy factories (with their memos) are kept per worker process."""
+    global _NODES
+    from bench.cluster.registry import POLICIES
+
+    if _NODES is None:
+        _NODES = load_nodes(openb_dir() / NODE_FILE)
+    if spec.trace not in _TRACES:
+        pods = load_pods(pod_file(spec.trace))
+        _TRACES[spec.trace] = (pods, paper_workload(pods))
+    if spec.policy not in _FACTORIES:
+        _FACTORIES[spec.policy] = POLICIES[spec.policy]()
+    pods, workload = _TRACES[spec.trace]
+    return simulate(spec, _NODES, pods, workload, _FACTORIES[spec.policy])
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def run_all(specs: Sequence[RunSpec], jobs: int) -> list[RunRecord]:
+    started = time.perf_counter()
+    records: list[RunRecord] = []
+
+    def note(record: RunRecord) -> None:
+        records.append(record)
+        print(
+            f"[{time.perf_counter() - started:7.1f}s] {record.trace:12s} {record.policy:10s} "
+            f"seed {record.seed}: {record.seconds:6.1f}s, {record.failed} failed",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    if jobs <= 1:
+        for spec in specs:
+            note(run_one(spec))
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for record in pool.map(run_one, specs):
+                note(record)
+    return records
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__.split("\n")[0])
+    parser.add_argument("--traces", default="default", help="comma-separated pod lists (default: default)")
+    parser.add_argument("--seeds", default=None, help="e.g. 42-51 or 42,45 (default: 42-51)")
+    parser.add_argument("--policies", default="all", help="'all' or comma-separated names")
+    parser.add_argument("--quick", action="store_true", help="seeds 42-43 only (smoke test)")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--no-write", action="store_true", help="print the section, leave docs alone")
+    args = parser.parse_args(argv)
+
+    seeds = QUICK_SEEDS if args.quick and args.seeds is None else parse_seeds(args.seeds or "42-51")
+    traces = tuple(t.strip() for t in args.traces.split(",") if t.strip())
+    policies = parse_policies(args.policies)
+    for trace in traces:
+        if not pod_file(trace).exists():
+            parser.error(f"no pod list for trace {trace!r} at {pod_file(trace)}")
+    # the longest runs first, so the pool's workers finish together
+    weight = {"ours": 0, "fgd-ideal": 1, "fgd": 2}
+    specs = sorted(
+        (RunSpec(t, p, s) for t in traces for p in policies for s in seeds),
+        key=lambda r: (weight.get(r.policy, 9), r.trace, r.seed),
+    )
+    started = time.perf_counter()
+    records = run_all(specs, max(1, args.jobs))
+    wall = time.perf_counter() - started
+
+    by_trace: dict[str, list[PolicySummary]] = {}
+    for trace in traces:
+        for policy in policies:
+            group = [r for r in records if r.trace == trace and r.policy == policy]
+            by_trace.setdefault(trace, []).append(summarise(group))
+    cpu_seconds = sum(r.seconds for r in records)
+    notes = [
+        f"{len(records)} runs in {wall:.0f} s wall ({cpu_seconds:.0f} s of run time, {args.jobs} workers).",
+        '"ours" places GPUs with `topology.placement.place` on assumed topologies '
+        f"(`bench/cluster/topologies.py`: 8xG2/V100 → {wiring_name('G2', 8)}, 8xG3 → "
+        f"{wiring_name('G3', 8)}, 2xT4 → {wiring_name('T4', 2)}) and ranks nodes by "
+        "`topology.scoring.score_node` when it exists, else by an FGD-like rule (see bench/cluster/ours.py).",
+        "FGD is the paper's plugin, integer sigmoid score included; `fgd-ideal` (opt-in) ranks by the raw "
+        "fragmentation delta instead.",
+    ]
+    plot_rel = None
+    if "default" in by_trace and not args.no_write:
+        write_plot(by_trace["default"], PLOT_PATH, "default")
+        plot_rel = PLOT_PATH.relative_to(BENCHMARKS_MD.parent).as_posix()
+    section = markdown_section(by_trace, load_paper_results(), plot_rel, notes)
+    if args.no_write:
+        print(section)
+    else:
+        write_section(BENCHMARKS_MD, section)
+        print(section)
+        print(f"wrote {BENCHMARKS_MD.relative_to(REPO_ROOT)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
