@@ -40,6 +40,7 @@ bench-cluster: $(VENV)/.installed
 
 bench-extender: $(VENV)/.installed proto
 	$(PY) -m bench.extender
+	$(PY) -m bench.scheduler_throughput
 
 bench: bench-placement bench-cluster bench-extender
 

@@ -73,7 +73,7 @@ def _rss_mib(pid: int) -> float:
 
 def _pct(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] * 1000
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
 
 
 def measure(nodes: int, calls: int) -> dict[str, float]:

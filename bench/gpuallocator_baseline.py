@@ -102,14 +102,35 @@ def iterate_partitions(devices: Sequence[Device], size: int) -> Iterator[list[li
         if len(remaining) == size:
             yield [*accum, remaining]
             return
-        for rest in combinations(remaining[1:], size - 1):
+        for rest in _first_set_rests(remaining[1:], size - 1, padding):
             chosen = [remaining[0], *rest]
-            pads = sum(1 for d in chosen if d is None)
-            if pads not in (0, padding):
-                continue
             yield from recurse([d for d in remaining if d not in chosen], [*accum, chosen])
 
     yield from recurse(padded, [])
+
+
+def _first_set_rests(pool: list[Device], r: int, padding: int) -> Iterator[list[Device]]:
+    """`combinations(pool, r)` in the same order, keeping only those with no pad or every pad.
+
+    The original generates every combination and drops those with some but not all pads;
+    pads sit at the end of `pool`, so the survivors can be generated directly.
+    """
+    pads = sum(1 for d in pool if d is None)
+    first_pad = len(pool) - pads
+
+    def extend(start: int, chosen: list[Device]) -> Iterator[list[Device]]:
+        need = r - len(chosen)
+        if need == 0:
+            yield chosen
+            return
+        for i in range(start, first_pad):
+            if first_pad - i < need and not (pads == padding and first_pad - i + pads >= need):
+                return
+            yield from extend(i + 1, [*chosen, pool[i]])
+        if pads and pads == padding and need == pads:
+            yield [*chosen, *([None] * pads)]
+
+    yield from extend(0, [])
 
 
 def partition_count(available: int, size: int) -> int:

@@ -19,6 +19,8 @@ mkdir -p "$OUT"
 PY=python3
 if [ -x .venv/bin/python ] && .venv/bin/python -c "import pynvml, pytest" 2>/dev/null; then
     PY=.venv/bin/python
+elif python3 -c "import pynvml, pytest, networkx, yaml" 2>/dev/null; then
+    PY=python3
 elif [ -d .whl ]; then
     python3 -m pip install -q --no-index --find-links .whl nvidia-ml-py networkx pytest hypothesis pyyaml \
         >"$OUT/pip.txt" 2>&1 || echo "pip install from .whl failed (see pip.txt)" >&2
@@ -38,7 +40,7 @@ timeout 60 nvidia-smi -q 2>&1 | head -80 >"$OUT/nvidia-smi-q.txt"
 timeout 60 nvidia-smi -L >"$OUT/nvidia-smi-L.txt" 2>&1
 timeout 60 nvidia-smi nvlink -s 2>&1 | head -200 >"$OUT/nvlink-s.txt"
 
-timeout 300 $PY -m pytest -m gpu tests/node_agent/test_nvml_real_gpu.py -q -rA -p no:cacheprovider \
+timeout 300 $PY -m pytest -m gpu tests/node_agent/test_nvml_real_gpu.py -q -rA -p no:cacheprovider --noconftest \
     --junitxml="$OUT/junit.xml" >"$OUT/pytest.txt" 2>&1
 status=$?
 

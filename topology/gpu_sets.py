@@ -30,6 +30,10 @@ from topology.model import NodeTopology
 
 #: Integer bandwidth units per GB/s (`link_bandwidth` rounds to four decimals).
 BANDWIDTH_SCALE = 10_000
+#: Nodes up to this many GPUs get the ring bottleneck of every GPU subset precomputed.
+PRECOMPUTE_MAX_GPUS = 10
+#: Memo tables are emptied when they grow past this many entries (bounds memory on 16-GPU nodes).
+MEMO_LIMIT = 200_000
 
 
 def pair_bandwidth_units(topology: NodeTopology, a: int, b: int) -> int:
@@ -121,6 +125,8 @@ class LinkTable:
         cached = self._rings.get(mask)
         if cached is None:
             cached = self._compute_ring(members_of(mask))
+            if len(self._rings) >= MEMO_LIMIT:
+                self._rings.clear()
             self._rings[mask] = cached
         return cached
 
@@ -133,6 +139,8 @@ class LinkTable:
         cached = self._pair_totals.get(mask)
         if cached is None:
             cached = self.pair_total(members_of(mask))
+            if len(self._pair_totals) >= MEMO_LIMIT:
+                self._pair_totals.clear()
             self._pair_totals[mask] = cached
         return cached
 
@@ -215,6 +223,8 @@ class LinkTable:
                 if best >= ceiling:
                     break
             best = max(best, 0)
+        if len(self._best_rings) >= MEMO_LIMIT:
+            self._best_rings.clear()
         self._best_rings[key] = best
         return best
 
@@ -286,12 +296,16 @@ def link_table(topology: NodeTopology) -> LinkTable:
             if _interchangeable(bandwidth, groups, nic_ranks, i, j):
                 twin_of[j] = i
                 break
-    return LinkTable(
+    table = LinkTable(
         topology=topology,
         bandwidth=tuple(tuple(row) for row in bandwidth),
         groups=groups,
         twin_of=tuple(twin_of),
     )
+    if n <= PRECOMPUTE_MAX_GPUS:
+        for mask in range(1 << n):
+            table.ring_bottleneck(mask)
+    return table
 
 
 def _interchangeable(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from topology.fragmentation import node_state_fragmentation
+from topology import fragmentation as fgd
 from topology.gpu_sets import BANDWIDTH_SCALE, SetKey, best_set, link_table, nic_closeness, set_key
 from topology.model import LinkKind, MigMode, NodeTopology
 from topology.share_placement import place_share, shares_allowed
@@ -94,12 +94,8 @@ def place_whole_gpus(
             f"{policy.min_bottleneck_gbps:g} GB/s required",
         )
     grants = tuple(GpuGrant(i, topology.gpus[i].uuid, whole=True) for i in found.gpus)
-    after = apply_placement(node, Placement(node.name, found.gpus, grants, ScoreBreakdown()))
     score = _breakdown(
-        found.key,
-        len(found.gpus),
-        nic_ranks is not None,
-        node_state_fragmentation(after) - node_state_fragmentation(node),
+        found.key, len(found.gpus), nic_ranks is not None, _fragmentation_delta(node, found.gpus)
     )
     return Placement(node.name, found.gpus, grants, score)
 
@@ -143,6 +139,17 @@ def _breakdown(key: SetKey, size: int, near_nic: bool, fragmentation_delta: floa
         leftover_gbps=key.leftover_ring / BANDWIDTH_SCALE,
         fragmentation_delta=round(fragmentation_delta, 9),
         terms=tuple(terms),
+    )
+
+
+def _fragmentation_delta(node: NodeState, taken: tuple[int, ...]) -> float:
+    """How much the FGD fragmentation of the node (milli-GPU) grows when `taken` go whole."""
+    before = tuple(fgd.gpu_free_milli(node, i) for i in range(node.topology.gpu_count))
+    after = tuple(0 if i in taken else free for i, free in enumerate(before))
+    model = node.topology.gpus[0].model
+    workload = fgd.DEFAULT_WORKLOAD
+    return fgd.node_fragmentation(after, None, None, model, workload) - fgd.node_fragmentation(
+        before, None, None, model, workload
     )
 
 

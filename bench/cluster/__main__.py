@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
+from bench.cluster.ours import score_hook
 from bench.cluster.policy import PolicyFactory
 from bench.cluster.protocol import RunRecord
 from bench.cluster.registry import parse_policies
@@ -129,12 +130,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             group = [r for r in records if r.trace == trace and r.policy == policy]
             by_trace.setdefault(trace, []).append(summarise(group))
     cpu_seconds = sum(r.seconds for r in records)
+    hook_text = (
+        "`topology.scoring.score_node`"
+        if score_hook() is not None
+        else "the FGD-like fallback (no `topology.scoring.score_node` yet)"
+    )
     notes = [
-        f"{len(records)} runs in {wall:.0f} s wall ({cpu_seconds:.0f} s of run time, {args.jobs} workers).",
-        '"ours" places GPUs with `topology.placement.place` on assumed topologies '
+        f"{len(records)} runs in {wall:.0f} s wall ({cpu_seconds:.0f} CPU s in runs, {args.jobs} workers).",
+        f'"ours" ranked nodes with {hook_text}; it places GPUs with `topology.placement.place` on assumed '
+        "topologies "
         f"(`bench/cluster/topologies.py`: 8xG2/V100 → {wiring_name('G2', 8)}, 8xG3 → "
-        f"{wiring_name('G3', 8)}, 2xT4 → {wiring_name('T4', 2)}) and ranks nodes by "
-        "`topology.scoring.score_node` when it exists, else by an FGD-like rule (see bench/cluster/ours.py).",
+        f"{wiring_name('G3', 8)}, 2xT4 → {wiring_name('T4', 2)}); see bench/cluster/ours.py.",
         "FGD is the paper's plugin, integer sigmoid score included; `fgd-ideal` (opt-in) ranks by the raw "
         "fragmentation delta instead.",
     ]

@@ -35,8 +35,12 @@ LABELS = {
 
 
 def parse_policies(text: str) -> tuple[str, ...]:
-    names = ALL_POLICIES if text == "all" else tuple(p.strip() for p in text.split(",") if p.strip())
+    names: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        for name in ALL_POLICIES if part == "all" else (part,) if part else ():
+            if name not in names:
+                names.append(name)
     unknown = [n for n in names if n not in POLICIES]
     if unknown:
         raise ValueError(f"unknown policies {unknown}; known: {sorted(POLICIES)}")
-    return names
+    return tuple(names)

@@ -122,6 +122,7 @@ def paper_workload(pods: tuple[TracePod, ...]) -> Workload:
 class PaperResult:
     mean: float
     sd: float
+    frag_rate_at_90: float | None = None  # cluster fragmentation rate (% of idle GPU), mean
 
 
 #: Our policy names → the paper simulator's result directory names.
@@ -151,6 +152,9 @@ def load_paper_results(root: Path | None = None) -> dict[tuple[str, str, int], P
             for arrival in (90, 95, 100, 110, 120, 130):
                 mean = row.get(f"unalloc_pct_at_{arrival}_mean")
                 sd = row.get(f"unalloc_pct_at_{arrival}_sd")
+                frag = row.get("frag_rate_pct_at_90_mean")
                 if mean and sd:
-                    out[(trace, policy, arrival)] = PaperResult(float(mean), float(sd))
+                    out[(trace, policy, arrival)] = PaperResult(
+                        float(mean), float(sd), float(frag) if frag else None
+                    )
     return out

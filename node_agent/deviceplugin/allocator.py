@@ -175,6 +175,41 @@ def choose_slot(
     return found[0] if found else None
 
 
+def fit_within_record(
+    slot: Slot, record: PodRecord, device_ids: Sequence[str], state: AllocatorState
+) -> Slot:
+    """Which of its pod's whole GPUs / MIG instances the container gets.
+
+    The record is per pod; the kubelet decides which of the pod's devices each container gets
+    (from an init container's devices it hands on, in no set order). When the kubelet's IDs are
+    among the pod's granted devices not yet given to another app container, the container gets
+    exactly those, so its environment and the kubelet's account agree. Otherwise it gets its own
+    slice, or the first devices of the pod still free.
+    """
+    kind = resource_kind(slot.resource)
+    if kind not in (ResourceKind.WHOLE, ResourceKind.MIG):
+        return slot
+
+    def device(g: GpuGrant) -> str:
+        return g.uuid if kind is ResourceKind.WHOLE else g.mig_uuid
+
+    pool = list(dict.fromkeys(g for s in record.slots if s.resource == slot.resource for g in s.grants))
+    taken: set[str] = set()
+    if not slot.init:
+        record_key = (record.ref.uid, record.allocation.generation)
+        for h in state.handouts:
+            same = (h.slot.pod.uid, h.slot.generation) == record_key and h.slot.resource == slot.resource
+            if same and not h.slot.init:
+                taken.update(device(g) for g in h.slot.grants)
+    free = [g for g in pool if device(g) not in taken]
+    wanted = [g for g in free if device(g) in set(device_ids)]
+    if len(wanted) == slot.amount:
+        return replace(slot, grants=tuple(wanted))
+    if all(device(g) not in taken for g in slot.grants):
+        return slot
+    return replace(slot, grants=tuple(free[: slot.amount]))
+
+
 def device_order(device_id: str) -> tuple[str, int, str]:
     """A stable, natural order for device IDs (share units by GPU, then unit number)."""
     gpu = share_unit_gpu(device_id)

@@ -20,6 +20,7 @@ from node_agent.deviceplugin.allocator import (
     choose_slot,
     consume,
     consumption_of,
+    fit_within_record,
     preferred_ids,
     release_departed,
     resync,
@@ -45,7 +46,7 @@ class BrokerCounters:
     id_mismatches: int = 0  # the kubelet passed other devices than the record's
     enforcement_disagreements: int = 0  # the record says another enforcement than the node applies
     swaps: int = 0
-    unresolved: int = 0
+    unresolved: int = 0  # distinct cases the kubelet's account could not be squared with
     adopted: int = 0
     write_failures: int = 0
 
@@ -73,6 +74,7 @@ class AllocationBroker:
         self._pending_consumed: dict[RecordKey, tuple[PodRef, Consumption]] = {}
         self._pending_rewrites: dict[str, Rewrite] = {}
         self._reported: set[tuple[str, int, str]] = set()
+        self._unresolved_seen: set[str] = set()
 
     @property
     def state(self) -> AllocatorState:
@@ -114,6 +116,7 @@ class AllocationBroker:
                     "with GPUs that are free; was the pod scheduled through the Linkpack extender?"
                 )
             record = next(r for r in records if r.ref.uid == slot.pod.uid)
+            slot = fit_within_record(slot, record, device_ids, self._state)
             self._state = consume(self._state, record, slot, device_ids, self._clock())
             handout = self._state.handouts[-1]
             key = (record.ref.uid, record.allocation.generation)
@@ -150,12 +153,14 @@ class AllocationBroker:
                 k: v for k, v in self._pending_consumed.items() if k[0] != rewrite.pod.uid
             }
         self.counters.swaps += len(outcome.swapped)
-        self.counters.unresolved += len(outcome.unresolved)
         self.counters.adopted += outcome.adopted
         for owner, taker in outcome.swapped:
             log.warning("kubelet gave %s's record to %s; swapped the two records", owner, taker)
         for why in outcome.unresolved:
-            log.error("cannot reconcile with the kubelet: %s", why)
+            if why not in self._unresolved_seen:  # the same case shows up on every reconcile
+                self._unresolved_seen.add(why)
+                self.counters.unresolved += 1
+                log.error("cannot reconcile with the kubelet: %s", why)
 
     def _list(self) -> Sequence[BoundPod]:
         return self._ledger.list_bound_pods_on_node()
@@ -193,17 +198,12 @@ class AllocationBroker:
             )
 
     def _flush(self) -> None:
-        """Write back pending consumed annotations and rewritten records (outside the state lock)."""
+        """Write back rewritten records, then consumed annotations (outside the state lock). A
+        consumed annotation waits while its pod's rewritten record is not in the API yet."""
         with self._write_lock:
             with self._lock:
-                consumed = dict(self._pending_consumed)
                 rewrites = dict(self._pending_rewrites)
-            for key, (pod, consumption) in consumed.items():
-                outcome = self._write(f"consumed of {pod}", self._ledger.mark_consumed, pod, consumption)
-                if outcome != "retry":
-                    with self._lock:
-                        if self._pending_consumed.get(key) == (pod, consumption):
-                            del self._pending_consumed[key]
+            unwritten: set[str] = set()
             for uid, rw in rewrites.items():
                 outcome = self._write(
                     f"record of {rw.pod}",
@@ -213,12 +213,22 @@ class AllocationBroker:
                     rw.allocation,
                     rw.consumption,
                 )
+                if outcome == "retry":
+                    unwritten.add(uid)
+                    continue
+                with self._lock:
+                    if self._pending_rewrites.get(uid) == rw:
+                        del self._pending_rewrites[uid]
+                    if outcome == "moot" and self._overrides.get(uid) == rw.allocation:
+                        del self._overrides[uid]  # the API's record is newer than ours
+            with self._lock:
+                consumed = {k: v for k, v in self._pending_consumed.items() if k[0] not in unwritten}
+            for key, (pod, consumption) in consumed.items():
+                outcome = self._write(f"consumed of {pod}", self._ledger.mark_consumed, pod, consumption)
                 if outcome != "retry":
                     with self._lock:
-                        if self._pending_rewrites.get(uid) == rw:
-                            del self._pending_rewrites[uid]
-                        if outcome == "moot" and self._overrides.get(uid) == rw.allocation:
-                            del self._overrides[uid]  # the API's record is newer than ours
+                        if self._pending_consumed.get(key) == (pod, consumption):
+                            del self._pending_consumed[key]
 
     def _write(self, what: str, call: Callable[..., bool], *args: object) -> Literal["done", "moot", "retry"]:
         """done; moot when the pod is gone or its record changed meanwhile; retry after a failure."""

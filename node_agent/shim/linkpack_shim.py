@@ -12,9 +12,10 @@ frameworks the program uses, only once they are imported:
 - PyTorch: `torch.cuda.set_per_process_memory_fraction(fraction, device)` for every visible
   device, queued to run when CUDA initialises (so importing torch does not initialise CUDA,
   which would break fork-based workers); applied at once if CUDA is already up;
-- JAX: `XLA_PYTHON_CLIENT_MEM_FRACTION` and `XLA_CLIENT_MEM_FRACTION` (lowered to the share if
-  set higher) and `XLA_PYTHON_CLIENT_PREALLOCATE=false` (unless set), set in the environment
-  before JAX can be imported;
+- JAX: the memory fraction variable (`XLA_PYTHON_CLIENT_MEM_FRACTION`, or whichever of it and
+  `XLA_CLIENT_MEM_FRACTION` the program set, lowered to the share if higher; never both, which
+  newer JAX refuses) and `XLA_PYTHON_CLIENT_PREALLOCATE=false` (unless set), set in the
+  environment before JAX can be imported;
 - TensorFlow: `TF_FORCE_GPU_ALLOW_GROWTH=true` in the environment, and when tensorflow is
   imported, a logical device with `memory_limit` = the granted MiB on every physical GPU
   (`tf.config.set_logical_device_configuration`). When TensorFlow has already initialised its
@@ -175,12 +176,18 @@ def limit_tensorflow(tf: ModuleType, limits_mib: Sequence[float]) -> None:
 
 
 def limit_jax_environment(fractions: Sequence[float]) -> None:
-    """JAX takes one fraction for every device: the smallest share is the one to respect."""
+    """JAX takes one fraction for every device: the smallest share is the one to respect.
+
+    JAX reads XLA_CLIENT_MEM_FRACTION (newer) or XLA_PYTHON_CLIENT_MEM_FRACTION (older, still
+    honoured), and newer JAX refuses to start on the GPU when both are set. So only the one the
+    program already set is lowered (both if it set both); otherwise the older name is set.
+    """
     capped = [f for f in fractions if f > 0]
     if not capped:
         return
     fraction = min(min(capped), 1.0)
-    for name in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION"):
+    names = [n for n in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION") if n in os.environ]
+    for name in names or ["XLA_PYTHON_CLIENT_MEM_FRACTION"]:
         current = os.environ.get(name)
         try:
             keep = current is not None and 0 < float(current) <= fraction
@@ -189,7 +196,7 @@ def limit_jax_environment(fractions: Sequence[float]) -> None:
         if not keep:
             os.environ[name] = f"{fraction:.6f}".rstrip("0").rstrip(".")
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    applied["jax"] = os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"]
+    applied["jax"] = {n: os.environ[n] for n in names or ["XLA_PYTHON_CLIENT_MEM_FRACTION"]}
 
 
 def activate() -> None:

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.cluster.procs import die_with_parent
+
 Progress = Callable[[str], None]
 
 MODULE_DIR = Path(__file__).resolve().parent / "k8s"
@@ -34,9 +36,27 @@ COMMANDS = ("kube-apiserver", "kube-scheduler")
 # The usual place of an official Go install, tried when `go` is not on PATH.
 _GO_FALLBACKS = (Path("/usr/local/go/bin/go"),)
 _HEARTBEAT_S = 30.0
-# Part of the cache stamp, so a change of recipe rebuilds.
-_BUILD_FLAGS = ("-trimpath",)
-_RECIPE = "CGO_ENABLED=0 GOFLAGS=-mod=mod go build " + " ".join(_BUILD_FLAGS)
+# Version stamping as Kubernetes' own build does it (hack/lib/version.sh), so /version and the
+# logs name the release instead of "v0.0.0-master".
+_VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+
+
+def _build_flags(version: str) -> list[str]:
+    major, minor = version.lstrip("v").split(".")[:2]
+    stamps = []
+    for package in _VERSION_PACKAGES:
+        stamps += [
+            f"-X {package}.gitVersion={version}",
+            f"-X {package}.gitMajor={major}",
+            f"-X {package}.gitMinor={minor}",
+            f"-X {package}.gitTreeState=clean",
+        ]
+    return ["-trimpath", f"-ldflags=-s -w {' '.join(stamps)}"]
+
+
+def _recipe(version: str) -> str:
+    """Everything about the build besides the pin; part of the cache stamp, so a change rebuilds."""
+    return "CGO_ENABLED=0 GOFLAGS=-mod=mod go build " + " ".join(_build_flags(version))
 
 
 class BinariesError(RuntimeError):
@@ -77,8 +97,8 @@ def build_dir(version: str) -> Path:
     return cache_root() / f"k8s-{version}"
 
 
-def _pin_stamp(module_dir: Path) -> str:
-    digest = hashlib.sha256(_RECIPE.encode())
+def _pin_stamp(module_dir: Path, version: str) -> str:
+    digest = hashlib.sha256(_recipe(version).encode())
     for name in ("go.mod", "go.sum"):
         path = module_dir / name
         digest.update(name.encode())
@@ -129,7 +149,15 @@ def _run_with_heartbeat(
 ) -> tuple[int, str]:
     """Run `argv`, reporting every few seconds that it is still running; (exit code, output)."""
     with tempfile.TemporaryFile(mode="w+") as output:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=die_with_parent(),
+        )
         started = time.monotonic()
         done = threading.Event()
 
@@ -155,7 +183,7 @@ def _run_with_heartbeat(
 def build_kubernetes(progress: Progress = _stderr, module_dir: Path = MODULE_DIR) -> tuple[Path, str]:
     """Build (or reuse) kube-apiserver and kube-scheduler; (directory holding them, version)."""
     version = pinned_version(module_dir)
-    stamp = _pin_stamp(module_dir)
+    stamp = _pin_stamp(module_dir, version)
     directory = build_dir(version)
     if _binaries_current(directory, stamp):
         return directory, version
@@ -163,13 +191,15 @@ def build_kubernetes(progress: Progress = _stderr, module_dir: Path = MODULE_DIR
         if _binaries_current(directory, stamp):  # built by whoever held the lock
             return directory, version
         go = find_go()
+        for stale in directory.glob("build-*"):  # left by a build that was killed
+            shutil.rmtree(stale, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix="build-", dir=directory))
         env = {
             **os.environ,
             "CGO_ENABLED": "0",  # static binaries, as upstream releases them; no C compiler needed
             "GOFLAGS": "-mod=mod",
         }
-        argv = [str(go), "build", *_BUILD_FLAGS, "-o", f"{staging}{os.sep}"]
+        argv = [str(go), "build", *_build_flags(version), "-o", f"{staging}{os.sep}"]
         argv += [f"k8s.io/kubernetes/cmd/{command}" for command in COMMANDS]
         progress(
             f"building {', '.join(COMMANDS)} {version} into {directory} "

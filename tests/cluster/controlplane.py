@@ -16,7 +16,6 @@ SIGKILL) by pid at exit, and is killed by the kernel if the test process dies fi
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime as dt
 import json
 import os
@@ -29,7 +28,6 @@ import ssl
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -38,6 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+import urllib3
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -45,6 +44,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, ResourceNotFoundError
 
 from tests.cluster.binaries import Binaries
+from tests.cluster.procs import die_with_parent
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO_ROOT / "manifests"
@@ -54,10 +54,13 @@ EXTENDER_URL_PLACEHOLDER = "http://linkpack-extender.linkpack-system.svc:8888"
 KUBECONFIG_PLACEHOLDER = "/etc/kubernetes/scheduler.conf"
 
 ADMIN_USER = "linkpack-test-admin"
+# The API server's certificate is self-signed; clients skip verification on loopback.
+urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
 _START_TIMEOUT_S = 120.0
 _STOP_GRACE_S = 10.0
 _LOG_TAIL_LINES = 40
-_PR_SET_PDEATHSIG = 1
+_ETCD_DIR_PREFIX = "linkpack-etcd-"
+_OWNER_FILE = "owner.pid"
 
 T = TypeVar("T")
 
@@ -72,23 +75,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _load_prctl() -> Callable[..., int] | None:
-    if sys.platform != "linux":
-        return None
-    try:
-        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-        return prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _load_prctl()  # looked up here: the child after fork should only call it
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGKILL when the thread that started us ends (Linux), so no orphans."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+def _sweep_dead_etcd_dirs(base: Path) -> None:
+    """Remove etcd directories left by test processes that were killed (no teardown ran)."""
+    for directory in base.glob(f"{_ETCD_DIR_PREFIX}*"):
+        try:
+            owner = int((directory / _OWNER_FILE).read_text())
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            shutil.rmtree(directory, ignore_errors=True)
+        except (OSError, ValueError):
+            continue  # not ours to judge (another user's, or being created)
 
 
 def tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
@@ -131,7 +127,6 @@ class _Process:
         self.argv = argv
         self.log_path = log_path
         self._log = log_path.open("ab")
-        on_main_thread = threading.current_thread() is threading.main_thread()
         self.popen = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -139,8 +134,7 @@ class _Process:
             stderr=subprocess.STDOUT,
             env=dict(env) if env is not None else None,
             start_new_session=True,
-            # PDEATHSIG follows the starting *thread*; only safe from the main thread.
-            preexec_fn=_die_with_parent if on_main_thread and _PRCTL is not None else None,
+            preexec_fn=die_with_parent(),
         )
 
     @property
@@ -288,7 +282,10 @@ class ControlPlane:
         self.etcd_port, peer_port = free_port(), free_port()
         shm = Path("/dev/shm")
         base = shm if shm.is_dir() and os.access(shm, os.W_OK) else self.workdir
-        self._etcd_data = Path(tempfile.mkdtemp(prefix="linkpack-etcd-", dir=base))  # tmpfs: fast fsync
+        _sweep_dead_etcd_dirs(base)
+        # On tmpfs fsync is free, which makes the API server's writes fast.
+        self._etcd_data = Path(tempfile.mkdtemp(prefix=_ETCD_DIR_PREFIX, dir=base))
+        (self._etcd_data / _OWNER_FILE).write_text(str(os.getpid()))
         client_url = f"http://127.0.0.1:{self.etcd_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
         env = dict(os.environ)
@@ -299,7 +296,7 @@ class ControlPlane:
             [
                 str(self.binaries.etcd),
                 "--name=linkpack-test",
-                f"--data-dir={self._etcd_data}",
+                f"--data-dir={self._etcd_data / 'data'}",
                 f"--listen-client-urls={client_url}",
                 f"--advertise-client-urls={client_url}",
                 f"--listen-peer-urls={peer_url}",
@@ -354,6 +351,9 @@ class ControlPlane:
                 "--service-cluster-ip-range=10.96.0.0/24",
                 "--disable-admission-plugins=ServiceAccount",
                 "--profiling=false",
+                # The default reconciler would publish 127.0.0.1 as the `kubernetes` Service's
+                # endpoint, which validation refuses (loopback), and log that every 10 s.
+                "--endpoint-reconciler-type=none",
                 *self._extra_apiserver_args,
             ],
             self.log_dir / "kube-apiserver.log",

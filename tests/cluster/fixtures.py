@@ -34,6 +34,11 @@ CRD_NAME = "gputopologies.linkpack.io"
 _CONTROL_PLANE_KEY = pytest.StashKey[ControlPlane]()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Clients of the test API server skip verification of its self-signed certificate.
+    config.addinivalue_line("filterwarnings", "ignore::urllib3.exceptions.InsecureRequestWarning")
+
+
 @pytest.fixture(scope="session")
 def k8s_binaries(request: pytest.FixtureRequest) -> Binaries:
     # Let build progress reach the terminal instead of pytest's capture.

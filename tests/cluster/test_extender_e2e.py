@@ -95,7 +95,9 @@ def _assert_no_overcommit(cp: ControlPlane) -> None:
 
 def _wait_ledgers_empty_of(cp: ControlPlane, namespace: str) -> None:
     def clean() -> bool:
-        maps = _core(cp).list_namespaced_config_map("linkpack-system", label_selector="linkpack.io/ledger=true")
+        maps = _core(cp).list_namespaced_config_map(
+            "linkpack-system", label_selector="linkpack.io/ledger=true"
+        )
         return all(f'"namespace":"{namespace}"' not in (m.data or {}).get("ledger", "") for m in maps.items)
 
     wait_until(clean, 60, f"ledgers to release the pods of {namespace}")
@@ -119,7 +121,9 @@ def test_whole_gpu_pods_get_the_best_connected_set(
     assert set_quality(topology, chosen).total_pair_gbps == set_quality(topology, best.gpus).total_pair_gbps
 
 
-def test_fractional_pods_pack_onto_one_gpu(installation: tuple[ControlPlane, ExtenderProcess], namespace: str) -> None:
+def test_fractional_pods_pack_onto_one_gpu(
+    installation: tuple[ControlPlane, ExtenderProcess], namespace: str
+) -> None:
     """Four quarter-GPU pods share a GPU instead of taking four."""
     cp, _ = installation
     for i in range(4):
@@ -131,27 +135,35 @@ def test_fractional_pods_pack_onto_one_gpu(installation: tuple[ControlPlane, Ext
     assert all(a.enforcement.value == "cooperative" for a in allocations)
 
 
-def test_a_pod_that_fits_nowhere_says_why(installation: tuple[ControlPlane, ExtenderProcess], namespace: str) -> None:
+def test_a_pod_that_fits_nowhere_says_why(
+    installation: tuple[ControlPlane, ExtenderProcess], namespace: str
+) -> None:
     """The FailedScheduling event names the extender's reason."""
     cp, _ = installation
     _create(cp, namespace, gpu_pod("huge-share", units=50, memory=900_000))
 
     def reason() -> str:
-        events = _core(cp).list_namespaced_event(namespace, field_selector="involvedObject.name=huge-share").items
+        events = (
+            _core(cp).list_namespaced_event(namespace, field_selector="involvedObject.name=huge-share").items
+        )
         return " ".join(e.message or "" for e in events if e.reason == "FailedScheduling")
 
     wait_until(lambda: "no GPU on the node has that much memory" in reason(), 60, "a FailedScheduling event")
     assert "0/" in reason()
 
 
-def test_an_unknown_policy_is_reported_on_the_pod(installation: tuple[ControlPlane, ExtenderProcess], namespace: str) -> None:
+def test_an_unknown_policy_is_reported_on_the_pod(
+    installation: tuple[ControlPlane, ExtenderProcess], namespace: str
+) -> None:
     cp, _ = installation
     pod = gpu_pod("odd-policy", gpus=1)
     pod["metadata"]["annotations"] = {"linkpack.io/policy": "fastest"}
     _create(cp, namespace, pod)
 
     def reason() -> str:
-        events = _core(cp).list_namespaced_event(namespace, field_selector="involvedObject.name=odd-policy").items
+        events = (
+            _core(cp).list_namespaced_event(namespace, field_selector="involvedObject.name=odd-policy").items
+        )
         return " ".join(e.message or "" for e in events if e.reason == "FailedScheduling")
 
     wait_until(lambda: "unknown linkpack.io/policy 'fastest'" in reason(), 60, "the policy reason")
@@ -184,7 +196,13 @@ def test_a_burst_of_200_mixed_pods_never_overcommits(
     installation: tuple[ControlPlane, ExtenderProcess], namespace: str
 ) -> None:
     cp, _ = installation
-    shapes = [{"gpus": 1}, {"gpus": 2}, {"gpus": 4}, {"units": 25, "memory": 8192}, {"units": 50, "memory": 16384}]
+    shapes = [
+        {"gpus": 1},
+        {"gpus": 2},
+        {"gpus": 4},
+        {"units": 25, "memory": 8192},
+        {"units": 50, "memory": 16384},
+    ]
     for i in range(200):
         _create(cp, namespace, gpu_pod(f"b-{i:03d}", **shapes[i % len(shapes)]))
     last = [-1, 0]
@@ -219,7 +237,12 @@ def test_two_extenders_binding_at_once_never_overallocate(
         def bind(url: str, batch: list[str]) -> None:
             with httpx.Client(timeout=30) as http:
                 for name in batch:
-                    body = {"PodName": name, "PodNamespace": namespace, "PodUID": uids[name], "Node": "e2e-h100"}
+                    body = {
+                        "PodName": name,
+                        "PodNamespace": namespace,
+                        "PodUID": uids[name],
+                        "Node": "e2e-h100",
+                    }
                     results.append(http.post(f"{url}/bind", json=body).json()["Error"])
 
         threads = [

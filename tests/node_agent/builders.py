@@ -35,7 +35,9 @@ def inventory(gpus: int = 4, units_per_gpu: int = 100, mig_gpus: tuple[int, ...]
                 memory_mib=GPU_MEMORY_MIB,
                 numa_node=i // 2,
                 mig_enabled=i in mig_gpus,
-                mig=tuple(MigInstance(mig_uuid(i, k), MIG_PROFILE, 9984) for k in range(2)) if i in mig_gpus else (),
+                mig=tuple(MigInstance(mig_uuid(i, k), MIG_PROFILE, 9984) for k in range(2))
+                if i in mig_gpus
+                else (),
             )
             for i in range(gpus)
         ),

@@ -10,7 +10,12 @@ import pytest
 from node_agent.deviceplugin.allocator import AllocatorState, capacity_conflict, preferred_ids
 from node_agent.deviceplugin.broker import AllocationBroker, AllocationRefused
 from node_agent.deviceplugin.container_spec import ENV_VISIBLE_DEVICES
-from node_agent.deviceplugin.inventory import SHARED_GPU_RESOURCE, WHOLE_GPU_RESOURCE, mig_resource, share_unit_id
+from node_agent.deviceplugin.inventory import (
+    SHARED_GPU_RESOURCE,
+    WHOLE_GPU_RESOURCE,
+    mig_resource,
+    share_unit_id,
+)
 from node_agent.deviceplugin.ledger import ContainerDemand, InMemoryPodLedger, LedgerError
 from node_agent.deviceplugin.records import read_records
 from topology.allocation import CONSUMED_ANNOTATION, decode_consumption
@@ -29,7 +34,9 @@ class Clock:
 def broker_for(*pods, gpus: int = 4, mig_gpus: tuple[int, ...] = (), grace_s: float = 60.0):
     ledger = InMemoryPodLedger(pods)
     clock = Clock()
-    broker = AllocationBroker(inventory(gpus, mig_gpus=mig_gpus), ledger, clock=clock, departure_grace_s=grace_s)
+    broker = AllocationBroker(
+        inventory(gpus, mig_gpus=mig_gpus), ledger, clock=clock, departure_grace_s=grace_s
+    )
     return broker, ledger, clock
 
 
@@ -44,7 +51,9 @@ def consumed(ledger: InMemoryPodLedger, name: str):
 
 def test_the_oldest_bound_record_of_the_requested_size_is_served_first() -> None:
     broker, ledger, _ = broker_for(
-        pod("young", whole(2, 3), bound_at=20), pod("old", whole(0, 1), bound_at=10), pod("one", whole(3), bound_at=5)
+        pod("young", whole(2, 3), bound_at=20),
+        pod("old", whole(0, 1), bound_at=10),
+        pod("one", whole(3), bound_at=5),
     )
     spec = broker.allocate(WHOLE_GPU_RESOURCE, ["x", "y"])
     assert visible(spec) == [uuid(0), uuid(1)]
@@ -53,7 +62,9 @@ def test_the_oldest_bound_record_of_the_requested_size_is_served_first() -> None
 
 
 def test_a_record_whose_devices_the_kubelet_passed_wins_over_an_older_one() -> None:
-    broker, ledger, _ = broker_for(pod("old", whole(0, 1), bound_at=10), pod("young", whole(2, 3), bound_at=20))
+    broker, ledger, _ = broker_for(
+        pod("old", whole(0, 1), bound_at=10), pod("young", whole(2, 3), bound_at=20)
+    )
     spec = broker.allocate(WHOLE_GPU_RESOURCE, [uuid(3), uuid(2)])
     assert visible(spec) == [uuid(2), uuid(3)]
     assert consumed(ledger, "young") is not None and consumed(ledger, "old") is None
@@ -85,7 +96,9 @@ def test_the_requested_amount_must_equal_the_records_amount() -> None:
 
 def test_a_record_overlapping_gpus_already_handed_out_is_never_served() -> None:
     # two records claim GPU 1 (a stale or buggy extender): only one of them may be served
-    broker, _, _ = broker_for(pod("a", whole(1)), pod("b", whole(1), bound_at=1), pod("c", share(1, 1024, 10)))
+    broker, _, _ = broker_for(
+        pod("a", whole(1)), pod("b", whole(1), bound_at=1), pod("c", share(1, 1024, 10))
+    )
     assert visible(broker.allocate(WHOLE_GPU_RESOURCE, [uuid(1)])) == [uuid(1)]
     with pytest.raises(AllocationRefused):
         broker.allocate(WHOLE_GPU_RESOURCE, [uuid(1)])
@@ -141,7 +154,10 @@ def test_share_containers_split_the_records_memory_by_their_units() -> None:
     a = broker.allocate(SHARED_GPU_RESOURCE, [share_unit_id(uuid(2), k) for k in range(10)])
     b = broker.allocate(SHARED_GPU_RESOURCE, [share_unit_id(uuid(2), k) for k in range(10, 40)])
     assert (a.env("LINKPACK_MEMORY_LIMIT_MIB"), b.env("LINKPACK_MEMORY_LIMIT_MIB")) == ("2000", "6000")
-    assert (a.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), b.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")) == ("10", "30")
+    assert (a.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), b.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")) == (
+        "10",
+        "30",
+    )
 
 
 def test_a_record_that_does_not_fit_the_pods_requests_is_skipped_and_reported() -> None:
@@ -239,7 +255,9 @@ def test_concurrent_requests_never_over_allocate_and_consume_each_record_once() 
 
     threads = [threading.Thread(target=ask, args=(WHOLE_GPU_RESOURCE, [uuid(i % 4)])) for i in range(12)]
     threads += [
-        threading.Thread(target=ask, args=(SHARED_GPU_RESOURCE, [share_unit_id(uuid(0), k) for k in range(30)]))
+        threading.Thread(
+            target=ask, args=(SHARED_GPU_RESOURCE, [share_unit_id(uuid(0), k) for k in range(30)])
+        )
         for _ in range(8)
     ]
     for t in threads:
@@ -254,3 +272,26 @@ def test_concurrent_requests_never_over_allocate_and_consume_each_record_once() 
     keys = [h.slot.key for h in broker.state.handouts]
     assert len(keys) == len(set(keys)) == 8
     assert sum(1 for p in ledger.list_bound_pods_on_node() if CONSUMED_ANNOTATION in p.annotations) == 8
+
+
+def test_app_containers_get_the_pods_gpus_the_kubelet_hands_them_from_the_init_container() -> None:
+    containers = (
+        ContainerDemand("init", ((WHOLE_GPU_RESOURCE, 2),), init=True),
+        ContainerDemand("a", ((WHOLE_GPU_RESOURCE, 1),)),
+        ContainerDemand("b", ((WHOLE_GPU_RESOURCE, 1),)),
+    )
+    broker, _, _ = broker_for(pod("multi", whole(2, 3), containers))
+    broker.allocate(WHOLE_GPU_RESOURCE, [uuid(2), uuid(3)])
+    assert visible(broker.allocate(WHOLE_GPU_RESOURCE, [uuid(3)])) == [uuid(3)]  # a: the kubelet's pick
+    assert visible(broker.allocate(WHOLE_GPU_RESOURCE, [uuid(0)])) == [uuid(2)]  # b: a stray ID, the one left
+    assert broker.counters.id_mismatches == 1
+
+
+def test_two_app_containers_never_get_the_same_gpu_of_their_pod() -> None:
+    containers = (
+        ContainerDemand("a", ((WHOLE_GPU_RESOURCE, 1),)),
+        ContainerDemand("b", ((WHOLE_GPU_RESOURCE, 1),)),
+    )
+    broker, _, _ = broker_for(pod("pair", whole(0, 1), containers))
+    assert visible(broker.allocate(WHOLE_GPU_RESOURCE, [uuid(1)])) == [uuid(1)]
+    assert visible(broker.allocate(WHOLE_GPU_RESOURCE, [uuid(1)])) == [uuid(0)]

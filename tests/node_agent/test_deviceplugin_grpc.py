@@ -82,7 +82,9 @@ def plugin_dir() -> Iterator[Path]:
 
 @pytest.fixture
 def ledger() -> InMemoryPodLedger:
-    return InMemoryPodLedger([pod("train", whole(2, 3), bound_at=1), pod("infer", share(1, 20480, 1), bound_at=2)])
+    return InMemoryPodLedger(
+        [pod("train", whole(2, 3), bound_at=1), pod("infer", share(1, 20480, 1), bound_at=2)]
+    )
 
 
 @pytest.fixture
@@ -123,7 +125,8 @@ def test_list_and_watch_streams_devices_and_health_changes(running, plugin_dir: 
         stream = client.ListAndWatch(api.Empty(), timeout=10)
         first = next(stream)
         assert len(first.devices) == 16 and all(d.health == "Healthy" for d in first.devices)
-        assert first.devices[0].ID == share_unit_id(uuid(0), 0)
+        first_id = first.devices[0].ID
+        assert first_id == share_unit_id(uuid(0), 0)
         assert [n.ID for n in first.devices[0].topology.nodes] == [0]
         plugins.set_unhealthy({uuid(1)})
         second = next(stream)
@@ -147,7 +150,9 @@ def test_preferred_allocation_and_allocate_follow_the_record(running, plugin_dir
         )
         assert list(preferred.container_responses[0].deviceIDs) == [uuid(2), uuid(3)]
         answer = client.Allocate(
-            api.AllocateRequest(container_requests=[api.ContainerAllocateRequest(devices_ids=[uuid(3), uuid(2)])]),
+            api.AllocateRequest(
+                container_requests=[api.ContainerAllocateRequest(devices_ids=[uuid(3), uuid(2)])]
+            ),
             timeout=5,
         )
     (container,) = answer.container_responses
@@ -188,7 +193,10 @@ def test_a_request_no_record_fits_is_refused_with_a_reason(running, plugin_dir: 
 def test_pre_start_container_is_a_no_op(running, plugin_dir: Path) -> None:
     channel, client = stub(plugin_dir, WHOLE_GPU_RESOURCE)
     with channel:
-        assert client.PreStartContainer(api.PreStartContainerRequest(devices_ids=[uuid(0)]), timeout=5) is not None
+        assert (
+            client.PreStartContainer(api.PreStartContainerRequest(devices_ids=[uuid(0)]), timeout=5)
+            is not None
+        )
 
 
 def test_a_kubelet_restart_makes_the_plugins_recreate_their_sockets_and_register_again(
@@ -198,7 +206,9 @@ def test_a_kubelet_restart_makes_the_plugins_recreate_their_sockets_and_register
     kubelet.restart()
     wait_until(lambda: len(kubelet.registered) == 4)
     assert {r.resource_name for r in kubelet.registered[2:]} == {WHOLE_GPU_RESOURCE, SHARED_GPU_RESOURCE}
-    wait_until(lambda: all((plugin_dir / PluginConfig().socket_name(r)).is_socket() for r in plugins.resources))
+    wait_until(
+        lambda: all((plugin_dir / PluginConfig().socket_name(r)).is_socket() for r in plugins.resources)
+    )
     channel, client = stub(plugin_dir, WHOLE_GPU_RESOURCE)
     with channel:
         assert next(client.ListAndWatch(api.Empty(), timeout=5)).devices

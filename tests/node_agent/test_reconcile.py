@@ -9,7 +9,12 @@ from node_agent.deviceplugin.container_spec import ENV_VISIBLE_DEVICES
 from node_agent.deviceplugin.inventory import SHARED_GPU_RESOURCE, WHOLE_GPU_RESOURCE, share_unit_id
 from node_agent.deviceplugin.ledger import ContainerDemand, InMemoryPodLedger
 from node_agent.deviceplugin.reconcile import KubeletAssignment
-from topology.allocation import ALLOCATION_ANNOTATION, CONSUMED_ANNOTATION, decode_allocation, decode_consumption
+from topology.allocation import (
+    ALLOCATION_ANNOTATION,
+    CONSUMED_ANNOTATION,
+    decode_allocation,
+    decode_consumption,
+)
 
 from .builders import inventory, pod, share, uuid, whole
 
@@ -53,7 +58,9 @@ def test_a_container_that_got_another_pods_record_makes_the_two_records_swap() -
 def test_a_swap_also_works_when_both_pods_were_admitted_crosswise() -> None:
     ids_a = [share_unit_id(uuid(3), k) for k in range(20)]
     ids_b = [share_unit_id(uuid(3), k) for k in range(20, 40)]
-    ledger = InMemoryPodLedger([pod("a", share(0, 4000, 20), bound_at=1), pod("b", share(1, 6000, 20), bound_at=2)])
+    ledger = InMemoryPodLedger(
+        [pod("a", share(0, 4000, 20), bound_at=1), pod("b", share(1, 6000, 20), bound_at=2)]
+    )
     broker = AllocationBroker(inventory(), ledger)
     broker.allocate(SHARED_GPU_RESOURCE, ids_b)  # really b, matched to a
     broker.allocate(SHARED_GPU_RESOURCE, ids_a)  # really a, matched to b
@@ -61,12 +68,17 @@ def test_a_swap_also_works_when_both_pods_were_admitted_crosswise() -> None:
         [kubelet_says("a", SHARED_GPU_RESOURCE, *ids_a), kubelet_says("b", SHARED_GPU_RESOURCE, *ids_b)]
     )
     assert record(ledger, "a").gpu_uuids == (uuid(1),) and record(ledger, "b").gpu_uuids == (uuid(0),)
-    assert consumed(ledger, "a").device_ids == tuple(ids_a) and consumed(ledger, "b").device_ids == tuple(ids_b)
+    assert consumed(ledger, "a").device_ids == tuple(ids_a) and consumed(ledger, "b").device_ids == tuple(
+        ids_b
+    )
     assert record(ledger, "a").resources == (("nvidia.com/gpu.shared", 20),)
 
 
 def test_when_shapes_differ_the_pod_that_has_the_gpus_becomes_their_holder() -> None:
-    containers = (ContainerDemand("x", ((WHOLE_GPU_RESOURCE, 1),)), ContainerDemand("y", ((SHARED_GPU_RESOURCE, 5),)))
+    containers = (
+        ContainerDemand("x", ((WHOLE_GPU_RESOURCE, 1),)),
+        ContainerDemand("y", ((SHARED_GPU_RESOURCE, 5),)),
+    )
     odd = pod("odd", whole(2) + share(1, 100, 5), containers, bound_at=5)
     ledger = InMemoryPodLedger([pod("a", whole(0), bound_at=1), odd])
     broker = AllocationBroker(inventory(), ledger, departure_grace_s=0)
@@ -96,3 +108,17 @@ def test_assignments_of_pods_without_records_are_left_alone() -> None:
     broker = AllocationBroker(inventory(), ledger)
     outcome = broker.reconcile([kubelet_says("stranger", WHOLE_GPU_RESOURCE, uuid(2))])
     assert outcome is not None and (outcome.adopted, outcome.confirmed, outcome.swapped) == (0, 0, ())
+
+
+def test_a_swap_whose_rewrite_failed_is_written_before_the_consumed_annotation_that_follows_it() -> None:
+    ledger = InMemoryPodLedger([pod("a", whole(0), bound_at=1), pod("b", whole(1), bound_at=2)])
+    broker = AllocationBroker(inventory(), ledger)
+    broker.allocate(WHOLE_GPU_RESOURCE, [uuid(3)])  # really b, matched to a
+    ledger.fail_writes = True
+    broker.reconcile([kubelet_says("b", WHOLE_GPU_RESOURCE, uuid(3))])
+    assert record(ledger, "a").generation == 1  # not written yet
+    assert broker.allocate(WHOLE_GPU_RESOURCE, [uuid(2)]).env(ENV_VISIBLE_DEVICES) == uuid(1)  # a, from memory
+    ledger.fail_writes = False
+    broker.reconcile()
+    assert record(ledger, "a").gpu_uuids == (uuid(1),) and consumed(ledger, "a").generation == 2
+    assert record(ledger, "b").gpu_uuids == (uuid(0),) and consumed(ledger, "b").generation == 2

@@ -7,7 +7,6 @@ from itertools import combinations
 import pytest
 
 from bench.gpuallocator_baseline import (
-    Device,
     besteffort_allocate,
     iterate_partitions,
     partition_count,
@@ -77,12 +76,14 @@ BESTEFFORT_CASES = [
 def test_besteffort_on_dgx1_volta(
     available: list[int], required: list[int], size: int, expected: list[int]
 ) -> None:
-    assert sorted(besteffort_allocate(DGX1_VOLTA_SCORES, available, required, size)) == expected
+    result = besteffort_allocate(DGX1_VOLTA_SCORES, available, required, size)
+    assert sorted(d for d in result if d is not None) == expected
+    assert None not in result
 
 
-def _sequential(scores: list[list[int]], count: int, sizes: list[int]) -> list[list[Device]]:
+def _sequential(scores: list[list[int]], count: int, sizes: list[int]) -> list[list[int]]:
     remaining = list(range(count))
-    taken = []
+    taken: list[list[int]] = []
     for size in sizes:
         result = besteffort_allocate(scores, sorted(remaining), [], size)
         taken.append(sorted(d for d in result if d is not None))

@@ -61,7 +61,8 @@ def nodes(draw: st.DrawFn, max_gpus: int = 6) -> NodeState:
 @st.composite
 def whole_requests(draw: st.DrawFn, node: NodeState) -> WholeGpus:
     count = draw(st.integers(1, max(1, node.topology.gpu_count)))
-    near = "mlx5_0" if node.topology.nics and draw(st.booleans()) else None
+    wants_nic = bool(node.topology.nics) and draw(st.booleans())
+    near = "mlx5_0" if wants_nic else None
     return WholeGpus(count, near_nic=near)
 
 

@@ -282,7 +282,7 @@ func (d devicesProvider) GetAllocatableDevices() []*podresourcesapi.ContainerDev
 type noCPUs struct{}
 
 func (noCPUs) GetCPUs(string, string) []int64 { return nil }
-func (noCPUs) GetAllocatableCPUs() []int64     { return nil }
+func (noCPUs) GetAllocatableCPUs() []int64    { return nil }
 
 type noMemory struct{}
 

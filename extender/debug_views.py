@@ -1,0 +1,651 @@
+"""Debug views of the extender as JSON-ready dicts, built from snapshots of its state.
+
+Pure functions: `extender.debug_routes` gathers the inputs (a `NodeSnapshot` per node, the
+decisions logged for a pod, a what-if evaluation) and these turn them into documents. The
+HTML page (`extender.debug_page`) draws the same facts. Keys are camelCase like the rest of
+Linkpack's API objects; memory is in MiB, bandwidth in GB/s per direction, fragmentation in
+milli-GPU (the FGD measure of `topology.fragmentation`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from extender.decisions import FilterOutcome
+from extender.ledger import Ledger, LedgerEntry
+from extender.pod_requests import PodRequest, RequestError
+from extender.service import PodDecisions
+from extender.state import NodeFacts, PodView, TopologyRecord
+from topology.accounting import Overcommit
+from topology.fragmentation import node_state_fragmentation
+from topology.graph import build_graph
+from topology.scoring import NodeRanking, Ranking
+from topology.workload import (
+    GpuGrant,
+    GpuShare,
+    GpuUsage,
+    MigSlice,
+    MisfitReason,
+    NodeState,
+    Placement,
+    Policy,
+    Request,
+    WholeGpus,
+)
+
+Doc = dict[str, Any]
+
+#: What a GPU is doing, in the order the legend lists them.
+GPU_STATUSES = ("free", "shared", "whole", "unhealthy", "cordoned")
+NO_TOPOLOGY_MESSAGE = (
+    "node has no GPU topology record: no GpuTopology object names it, or the object is malformed "
+    "(the extender logs why); pods asking for GPUs will not be placed here"
+)
+
+
+def gpu_status(usage: GpuUsage) -> str:
+    """One word for a GPU: unhealthy and cordoned win over use; any share or MIG use is "shared"."""
+    if not usage.healthy:
+        return "unhealthy"
+    if usage.cordoned:
+        return "cordoned"
+    if usage.whole:
+        return "whole"
+    return "free" if usage.idle else "shared"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """Everything the extender knows about one node at one moment."""
+
+    name: str
+    facts: NodeFacts | None
+    record: TopologyRecord | None
+    state: NodeState | None
+    ledger: Ledger
+    problems: tuple[Overcommit, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """What one pod holds on one GPU (from the node's ledger)."""
+
+    namespace: str
+    name: str
+    uid: str
+    grant: GpuGrant
+
+    @property
+    def pod(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def holdings(ledger: Ledger) -> dict[int, list[Holding]]:
+    """Per GPU index, the pods holding part or all of it, in ledger order."""
+    out: dict[int, list[Holding]] = {}
+    for entry in ledger.entries:
+        for grant in entry.allocation.grants:
+            out.setdefault(grant.index, []).append(Holding(entry.namespace, entry.name, entry.pod_uid, grant))
+    return out
+
+
+def iso_time(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+# ----------------------------------------------------------------------------- /debug/topology
+
+
+def model_of(state: NodeState) -> str:
+    models = sorted({g.model for g in state.topology.gpus if g.model})
+    return models[0] if len(models) == 1 else ("mixed: " + ", ".join(models) if models else "")
+
+
+def status_counts(state: NodeState) -> dict[str, int]:
+    counts = Counter(gpu_status(u) for u in state.usage)
+    return {status: counts.get(status, 0) for status in GPU_STATUSES}
+
+
+def node_summary(snap: NodeSnapshot) -> Doc:
+    """One row of the cluster overview."""
+    base: Doc = {
+        "name": snap.name,
+        "unschedulable": bool(snap.facts and snap.facts.unschedulable),
+        "pods": len(snap.ledger.entries),
+    }
+    state = snap.state
+    if state is None:
+        return {
+            **base,
+            "hasTopology": False,
+            "gpus": 0,
+            "model": "",
+            **{status: 0 for status in GPU_STATUSES},
+            "freeMemoryMiB": 0,
+            "totalMemoryMiB": 0,
+            "freeUnits": 0,
+            "fragmentationMilliGpu": 0.0,
+            "message": NO_TOPOLOGY_MESSAGE,
+        }
+    usable = [i for i, u in enumerate(state.usage) if u.usable]
+    return {
+        **base,
+        "hasTopology": True,
+        "gpus": state.topology.gpu_count,
+        "model": model_of(state),
+        "nvswitch": state.topology.nvswitch,
+        "nics": len(state.topology.nics),
+        **status_counts(state),
+        "freeMemoryMiB": sum(state.free_memory_mib(i) for i in usable),
+        "totalMemoryMiB": sum(g.memory_mib for g in state.topology.gpus),
+        "freeUnits": sum(state.free_units(i) for i in usable),
+        "unitsPerGpu": state.units_per_gpu,
+        "fragmentationMilliGpu": round(node_state_fragmentation(state), 1),
+        "overcommitted": bool(snap.problems),
+    }
+
+
+def topology_index(snaps: Sequence[NodeSnapshot]) -> Doc:
+    """GET /debug/topology: every node in one line, and cluster totals."""
+    rows = [node_summary(s) for s in snaps]
+    totals: Doc = {
+        "nodes": len(rows),
+        "nodesWithoutTopology": sum(1 for r in rows if not r["hasTopology"]),
+    }
+    for key in ("gpus", *GPU_STATUSES, "freeMemoryMiB", "totalMemoryMiB", "pods"):
+        totals[key] = sum(int(r[key]) for r in rows)
+    return {"nodes": rows, "totals": totals}
+
+
+def grant_doc(grant: GpuGrant) -> Doc:
+    return {
+        "index": grant.index,
+        "uuid": grant.uuid,
+        "whole": grant.whole,
+        "memoryMiB": grant.memory_mib,
+        "units": grant.units,
+        "migUuid": grant.mig_uuid,
+    }
+
+
+def _holder_doc(h: Holding) -> Doc:
+    g = h.grant
+    return {
+        "namespace": h.namespace,
+        "name": h.name,
+        "uid": h.uid,
+        "whole": g.whole,
+        "memoryMiB": g.memory_mib,
+        "units": g.units,
+        "migUuid": g.mig_uuid,
+    }
+
+
+def _gpu_doc(state: NodeState, index: int, held: Sequence[Holding]) -> Doc:
+    gpu = state.topology.gpus[index]
+    usage = state.usage[index]
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "model": gpu.model,
+        "pciBusId": gpu.pci_bus_id,
+        "numaNode": gpu.numa_node,
+        "cpuAffinity": gpu.cpu_affinity,
+        "status": gpu_status(usage),
+        "healthy": usage.healthy,
+        "cordoned": usage.cordoned,
+        "memoryMiB": gpu.memory_mib,
+        "usedMemoryMiB": gpu.memory_mib if usage.whole else usage.memory_used_mib,
+        "freeMemoryMiB": state.free_memory_mib(index) if usage.usable else 0,
+        "unitsPerGpu": state.units_per_gpu,
+        "usedUnits": state.units_per_gpu if usage.whole else usage.units_used,
+        "freeUnits": state.free_units(index) if usage.usable else 0,
+        "migMode": gpu.mig_mode.value,
+        "migDevices": [
+            {
+                "uuid": m.uuid,
+                "profile": m.profile,
+                "memoryMiB": m.memory_mib,
+                "inUse": m.uuid in usage.mig_used,
+            }
+            for m in gpu.mig_devices
+        ],
+        "holders": [_holder_doc(h) for h in held],
+    }
+
+
+def _entry_doc(entry: LedgerEntry) -> Doc:
+    a = entry.allocation
+    return {
+        "namespace": entry.namespace,
+        "name": entry.name,
+        "uid": entry.pod_uid,
+        "node": a.node,
+        "gpus": list(a.gpu_indices),
+        "grants": [grant_doc(g) for g in a.grants],
+        "enforcement": a.enforcement.value,
+        "generation": a.generation,
+        "resources": dict(a.resources),
+        "reservedAt": iso_time(entry.reserved_at),
+    }
+
+
+def graph_doc(state: NodeState) -> Doc:
+    """The node's graph (topology.graph): vertices and edges, sorted, with kinds and bandwidth."""
+    graph = build_graph(state.topology)
+    vertices = [
+        {"id": str(v), **{k: (val.value if hasattr(val, "value") else val) for k, val in attrs.items()}}
+        for v, attrs in sorted(graph.nodes(data=True), key=lambda item: str(item[0]))
+    ]
+    edges = []
+    for u, v, attrs in graph.edges(data=True):
+        a, b = sorted((str(u), str(v)))
+        edges.append(
+            {
+                "source": a,
+                "target": b,
+                "kind": attrs["kind"].value,
+                "nvlinks": int(attrs["nvlinks"]),
+                "bandwidthGBps": float(attrs["bandwidth"]),
+                "role": attrs["role"],
+            }
+        )
+    edges.sort(key=lambda e: (e["role"], e["source"], e["target"]))
+    return {"vertices": vertices, "edges": edges}
+
+
+def node_detail(snap: NodeSnapshot) -> Doc:
+    """GET /debug/topology/{node}: GPUs, their use and holders, the graph, the pods, the problems."""
+    doc: Doc = {"node": node_summary(snap)}
+    state = snap.state
+    if state is None or snap.record is None:
+        return {**doc, "gpus": [], "graph": {"vertices": [], "edges": []}, "pods": [], "problems": []}
+    held = holdings(snap.ledger)
+    topology = state.topology
+    return {
+        **doc,
+        "contentHash": snap.record.content_hash,
+        "sources": dict(topology.sources),
+        "warnings": list(topology.warnings),
+        "gpus": [_gpu_doc(state, i, held.get(i, ())) for i in range(topology.gpu_count)],
+        "nics": [{"index": n.index, "name": n.name} for n in topology.nics],
+        "links": [
+            {
+                "a": link.a,
+                "b": link.b,
+                "kind": link.kind.value,
+                "nvlinks": link.nvlinks,
+            }
+            for link in topology.gpu_links
+        ],
+        "graph": graph_doc(state),
+        "pods": [_entry_doc(e) for e in snap.ledger.entries],
+        "ledgerResourceVersion": snap.ledger.resource_version,
+        "problems": [{"gpu": p.gpu, "detail": p.detail} for p in snap.problems],
+    }
+
+
+# ----------------------------------------------------------------------------- decisions
+
+
+def policy_doc(policy: Policy) -> Doc:
+    return {
+        "name": policy.name.value,
+        "weights": {
+            "linkQuality": policy.weight_link_quality,
+            "fragmentation": policy.weight_fragmentation,
+            "packing": policy.weight_packing,
+        },
+        "minBottleneckGbps": policy.min_bottleneck_gbps,
+    }
+
+
+def request_shape(request: Request) -> Doc:
+    if isinstance(request, WholeGpus):
+        return {"kind": "whole", "gpus": request.count, "nearNic": request.near_nic}
+    if isinstance(request, GpuShare):
+        return {"kind": "share", "memoryMiB": request.memory_mib, "units": request.units}
+    if isinstance(request, MigSlice):
+        return {"kind": "mig", "profile": request.profile}
+    raise TypeError(f"unknown request type {type(request).__name__}")
+
+
+def request_doc(parsed: PodRequest | RequestError | None) -> Doc | None:
+    if parsed is None:
+        return None
+    if isinstance(parsed, RequestError):
+        return {"error": parsed.message}
+    return {
+        **request_shape(parsed.request),
+        "policy": policy_doc(parsed.policy),
+        "resources": dict(parsed.resources),
+    }
+
+
+def placement_doc(placement: Placement) -> Doc:
+    s = placement.score
+    return {
+        "gpus": list(placement.gpus),
+        "grants": [grant_doc(g) for g in placement.grants],
+        "breakdown": {
+            "bottleneckGbps": s.bottleneck_gbps,
+            "totalPairGbps": s.total_pair_gbps,
+            "locality": s.locality,
+            "leftoverGbps": s.leftover_gbps,
+            "fragmentationDeltaMilliGpu": s.fragmentation_delta,
+            "terms": dict(s.terms),
+        },
+    }
+
+
+def _terms_doc(r: NodeRanking) -> Doc:
+    return {
+        "raw": round(r.raw, 6),
+        "linkQuality": round(r.link, 6),
+        "fragmentation": round(r.fragmentation, 6),
+        "packing": round(r.packing, 6),
+        "fragmentationDeltaMilliGpu": round(r.fragmentation_delta, 6),
+    }
+
+
+def settled(filtered: FilterOutcome | None) -> FilterOutcome | None:
+    """A copy in which every node is in one bucket only: `passed` wins, then `failed`.
+
+    The buckets are copied because a logged outcome may share its dicts with the decider's
+    memo, which later filter calls update in place.
+    """
+    if filtered is None:
+        return None
+    passed = set(filtered.passed)
+    failed = {n: r for n, r in dict(filtered.failed).items() if n not in passed}
+    unresolvable = {
+        n: r for n, r in dict(filtered.unresolvable).items() if n not in passed and n not in failed
+    }
+    return FilterOutcome(filtered.passed, failed, unresolvable)
+
+
+def decision_rows(filtered: FilterOutcome | None, ranking: Ranking | None) -> list[Doc]:
+    """One row per node the pod was filtered or scored on: outcome, reason, score terms, GPUs.
+
+    Scored nodes come first (best first), then nodes that passed unscored, then failures.
+    `filtered` should be `settled`.
+    """
+    ranked = {r.node: r for r in ranking} if ranking is not None else {}
+    names: list[str] = []
+    if filtered is not None:
+        names.extend(filtered.passed)
+        names.extend(sorted(filtered.failed))
+        names.extend(sorted(filtered.unresolvable))
+    names.extend(sorted(n for n in ranked if n not in set(names)))
+    rows: list[Doc] = []
+    for name in names:
+        row: Doc = {"node": name, "filter": "not filtered", "reason": "", "score": None, "terms": None}
+        if filtered is not None:
+            if name in filtered.passed:
+                row["filter"] = "passed"
+            elif name in filtered.failed:
+                row["filter"], row["reason"] = "failed", filtered.failed[name]
+            elif name in filtered.unresolvable:
+                row["filter"], row["reason"] = "unresolvable", filtered.unresolvable[name]
+        found = ranked.get(name)
+        if found is not None:
+            row["score"] = found.score
+            row["terms"] = _terms_doc(found)
+            row.update(placement_doc(found.placement))
+        rows.append(row)
+    order = {"passed": 0, "not filtered": 1, "failed": 2, "unresolvable": 3}
+    rows.sort(
+        key=lambda r: (
+            r["score"] is None,
+            -(r["score"] or 0),
+            -(r["terms"]["raw"] if r["terms"] else 0.0),
+            order[r["filter"]],
+            r["node"],
+        )
+    )
+    return rows
+
+
+def best_doc(rows: Sequence[Doc]) -> Doc | None:
+    """The node the extender scores highest (the first row), or the only one that passed."""
+    scored = [r for r in rows if r["score"] is not None]
+    if scored:
+        top = scored[0]
+        return {"node": top["node"], "score": top["score"], "gpus": top["gpus"], "grants": top["grants"]}
+    passed = [r for r in rows if r["filter"] == "passed"]
+    return {"node": passed[0]["node"], "score": None, "gpus": None, "grants": None} if passed else None
+
+
+def unavailable_summary(filtered: FilterOutcome) -> str:
+    """kube-scheduler style: "0/3 nodes are available: 2 too few free GPUs, 1 node has no ..."."""
+    reasons = Counter(_short_reason(m) for m in (*filtered.failed.values(), *filtered.unresolvable.values()))
+    total = len(filtered.passed) + len(filtered.failed) + len(filtered.unresolvable)
+    parts = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"{len(filtered.passed)}/{total} nodes are available" + (f": {parts}" if parts else "")
+
+
+def _short_reason(message: str) -> str:
+    """The reason without per-node detail ("too few free GPUs: 2 asked, 1 free" -> the head)."""
+    for reason in MisfitReason:
+        if message.startswith(reason.value):
+            return reason.value
+    return message
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """Where a request would go now: filter buckets and ranking over the nodes asked about."""
+
+    request: PodRequest
+    filtered: FilterOutcome
+    ranking: Ranking | None
+
+
+def what_if_doc(evaluation: Evaluation) -> Doc:
+    """POST /debug/what-if: the placement the extender would make now, nothing reserved."""
+    filtered = settled(evaluation.filtered)
+    assert filtered is not None
+    rows = decision_rows(filtered, evaluation.ranking)
+    best = best_doc(rows)
+    pod = evaluation.request.pod
+    if best is None:
+        summary = unavailable_summary(filtered)
+    else:
+        summary = f"would go to {best['node']} on GPUs {best['gpus']} (score {best['score']})"
+    return {
+        "pod": {"namespace": pod.namespace, "name": pod.name},
+        "request": request_doc(evaluation.request),
+        "summary": summary,
+        "best": best,
+        "passed": list(filtered.passed),
+        "nodes": rows,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ExplainInputs:
+    """What the extender knows about one pod: its decisions log, watch view and ledger entry."""
+
+    namespace: str
+    name: str
+    decisions: PodDecisions | None
+    view: PodView | None
+    allocation: tuple[str, LedgerEntry] | None
+    now: Evaluation | None = None
+
+
+def explain_doc(inputs: ExplainInputs) -> Doc:
+    """GET /debug/explain/{ns}/{pod}: why the pod is pending, or why it got its node and GPUs."""
+    d = inputs.decisions
+    filtered = settled(d.filtered if d else None)
+    ranking = d.ranking if d else None
+    rows = decision_rows(filtered, ranking)
+    bound = _entry_doc(inputs.allocation[1]) if inputs.allocation else None
+    status, summary = _status(inputs, filtered, rows, bound)
+    doc: Doc = {
+        "pod": {
+            "namespace": inputs.namespace,
+            "name": inputs.name,
+            "uid": inputs.view.uid if inputs.view else None,
+            "nodeName": inputs.view.node_name if inputs.view else None,
+        },
+        "status": status,
+        "summary": summary,
+        "request": request_doc(d.request) if d else None,
+        "lastDecisionAt": iso_time(d.at) if d else None,
+        "filter": _filter_doc(filtered),
+        "best": best_doc(rows),
+        "bound": bound,
+        "bindError": d.bind_error if d else "",
+        "nodes": rows,
+    }
+    if inputs.now is not None:
+        now = what_if_doc(inputs.now)
+        doc["now"] = {"summary": now["summary"], "best": now["best"], "passed": now["passed"]}
+    return doc
+
+
+def pod_pending(decisions: PodDecisions | None) -> bool:
+    """A pod the extender decided about but has not bound (so "where would it go now" helps)."""
+    return decisions is not None and not decisions.bound_node
+
+
+def _filter_doc(filtered: FilterOutcome | None) -> Doc | None:
+    if filtered is None:
+        return None
+    return {
+        "passed": list(filtered.passed),
+        "failed": dict(sorted(filtered.failed.items())),
+        "unresolvable": dict(sorted(filtered.unresolvable.items())),
+        "summary": unavailable_summary(filtered),
+    }
+
+
+def _status(
+    inputs: ExplainInputs, filtered: FilterOutcome | None, rows: Sequence[Doc], bound: Doc | None
+) -> tuple[str, str]:
+    d = inputs.decisions
+    if bound is not None:
+        node = bound["node"]
+        placed = inputs.view is not None and inputs.view.node_name == node
+        if placed or (d is not None and d.bound_node == node):
+            why = ""
+            top = next((r for r in rows if r["node"] == node and r["score"] is not None), None)
+            if top is not None:
+                why = f"; it scored {top['score']}" + (
+                    " (the highest)" if rows and rows[0]["node"] == node else ""
+                )
+            return "bound", f"bound to {node} on GPUs {bound['gpus']}{why}"
+        return (
+            "reserved",
+            f"GPUs {bound['gpus']} on {node} are committed in the ledger; the Binding is not seen yet",
+        )
+    if d is None:
+        return "unknown", "the extender has not been asked about this pod"
+    if d.bind_error:
+        return "bind-failed", f"the last bind failed: {d.bind_error}"
+    if isinstance(d.request, RequestError):
+        return "invalid-request", d.request.message
+    if d.request is None:
+        return "not-a-gpu-pod", "the pod asks for no GPU resource the extender manages"
+    if filtered is not None and not filtered.passed:
+        return "pending", unavailable_summary(filtered)
+    best = best_doc(rows)
+    if best is not None:
+        where = f"{best['node']}" + (f" (GPUs {best['gpus']}, score {best['score']})" if best["gpus"] else "")
+        return "pending", f"fits; the best node was {where}; waiting for kube-scheduler to bind"
+    return "pending", "filtered, not yet scored"
+
+
+@dataclass(frozen=True, slots=True)
+class PodPresence:
+    """What the API says about a pod the extender has no decisions for (`known` False: could not ask)."""
+
+    known: bool
+    exists: bool = False
+    node_name: str = ""
+    scheduler_name: str = ""
+    request: PodRequest | RequestError | None = None
+    error: str = ""
+
+
+def unseen_pod_doc(namespace: str, name: str, presence: PodPresence, scheduler_name: str) -> Doc:
+    """The 404 body of explain for a pod the extender was never asked about, with the likely why."""
+    message = f"the extender has not been asked about pod {namespace}/{name} yet"
+    hint = ""
+    if not presence.known:
+        in_cluster: bool | None = None
+        hint = f"whether the pod exists is unknown ({presence.error})" if presence.error else ""
+    elif not presence.exists:
+        in_cluster = False
+        hint = "no such pod in the cluster"
+    else:
+        in_cluster = True
+        if presence.scheduler_name != scheduler_name:
+            hint = (
+                f"the pod exists but its schedulerName is {presence.scheduler_name or 'default-scheduler'!r}, "
+                f"not {scheduler_name!r}, so this extender is never called for it"
+            )
+        elif presence.request is None:
+            hint = (
+                "the pod exists but asks for no GPU resource the extender manages, "
+                "so kube-scheduler does not call the extender for it"
+            )
+        elif presence.node_name:
+            hint = (
+                f"the pod exists and is bound to {presence.node_name} (decided before this extender started?)"
+            )
+        else:
+            hint = "the pod exists and is not bound yet: kube-scheduler has not reached it (see its events)"
+    return {
+        "error": message + (f"; {hint}" if hint else ""),
+        "pod": {"namespace": namespace, "name": name},
+        "inCluster": in_cluster,
+        "nodeName": presence.node_name or None,
+    }
+
+
+def entry_for(ledgers: Iterable[Ledger], namespace: str, name: str) -> tuple[str, LedgerEntry] | None:
+    """The ledger entry of pod namespace/name on any node (for pods the watch does not track)."""
+    for ledger in ledgers:
+        for entry in ledger.entries:
+            if entry.namespace == namespace and entry.name == name:
+                return ledger.node, entry
+    return None
+
+
+def pod_manifest_problem(body: object) -> str | None:
+    """Why `body` is not a Pod manifest the what-if view can evaluate, or None when it is."""
+    if not isinstance(body, Mapping):
+        return "request body must be a JSON Pod manifest (an object with metadata and spec)"
+    kind = body.get("kind")
+    if kind is not None and kind != "Pod":
+        return f"kind must be Pod, got {kind!r}"
+    metadata = body.get("metadata", {})
+    if not isinstance(metadata, Mapping):
+        return "metadata must be an object"
+    annotations = metadata.get("annotations", {})
+    if annotations is not None and not isinstance(annotations, Mapping):
+        return "metadata.annotations must be an object of strings"
+    spec = body.get("spec")
+    if not isinstance(spec, Mapping):
+        return "spec is missing or not an object"
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        return "spec.containers must be a non-empty list"
+    for key in ("containers", "initContainers"):
+        for position, container in enumerate(spec.get(key) or []):
+            if not isinstance(container, Mapping):
+                return f"spec.{key}[{position}] must be an object"
+            resources = container.get("resources", {})
+            if resources is not None and not isinstance(resources, Mapping):
+                return f"spec.{key}[{position}].resources must be an object"
+            for part in ("limits", "requests"):
+                amounts = (resources or {}).get(part, {})
+                if amounts is not None and not isinstance(amounts, Mapping):
+                    return f"spec.{key}[{position}].resources.{part} must be an object"
+    return None
