@@ -15,16 +15,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from topology.placement import place
-
 from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, ClusterApi
 from extender.config import ExtenderConfig
 from extender.ledger import Ledger, LedgerEntry
 from extender.pod_requests import PodRequest, RequestError, read_pod_request
 from extender.state import ClusterState
 from topology.accounting import node_state_from_grants
-from topology.allocation import ALLOCATION_ANNOTATION, Allocation, Enforcement, encode_allocation
-from topology.workload import GpuShare, MigSlice, Misfit, MisfitReason, Request
+from topology.allocation import ALLOCATION_ANNOTATION, Allocation, encode_allocation, enforcement_for
+from topology.placement import place
+from topology.workload import Misfit, MisfitReason
 
 MPS_LABEL = "linkpack.io/mps"
 
@@ -37,14 +36,6 @@ class BindResult:
     allocation: Allocation | None = None
     attempts: int = 0
     rolled_back: bool = False
-
-
-def enforcement_for(request: Request, mps_node: bool) -> Enforcement:
-    if isinstance(request, MigSlice):
-        return Enforcement.MIG
-    if isinstance(request, GpuShare):
-        return Enforcement.MPS if mps_node else Enforcement.COOPERATIVE
-    return Enforcement.NONE
 
 
 class Binder:
@@ -137,7 +128,7 @@ class Binder:
             node=ledger.node,
             grants=outcome.grants,
             generation=1,
-            enforcement=enforcement_for(pod.request, self._mps_nodes(ledger.node)),
+            enforcement=enforcement_for(outcome.grants, self._mps_nodes(ledger.node)),
             resources=pod.resources,
         )
         return LedgerEntry(pod.pod.uid, pod.pod.namespace, pod.pod.name, allocation, self._clock())

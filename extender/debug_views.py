@@ -509,11 +509,6 @@ def explain_doc(inputs: ExplainInputs) -> Doc:
     return doc
 
 
-def pod_pending(decisions: PodDecisions | None) -> bool:
-    """A pod the extender decided about but has not bound (so "where would it go now" helps)."""
-    return decisions is not None and not decisions.bound_node
-
-
 def _filter_doc(filtered: FilterOutcome | None) -> Doc | None:
     if filtered is None:
         return None

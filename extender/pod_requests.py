@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Any
 
 from extender.config import ExtenderConfig
@@ -94,6 +95,12 @@ def _request_from(amounts: dict[str, int], near_nic: str | None, config: Extende
     if whole > 0:
         return WholeGpus(whole, near_nic)
     if units or memory:
+        if units == 0:
+            return (
+                f"{names.memory_mib} needs at least 1 {names.shared_units} unit with it: the share units are "
+                "what the node's device plugin hands to the container, so a memory-only share would run "
+                "without a GPU"
+            )
         if units > config.units_per_gpu:
             return (
                 f"{names.shared_units}={units} exceeds one GPU ({config.units_per_gpu} units); "
@@ -130,8 +137,42 @@ def _container_amounts(container: Mapping[str, Any], config: ExtenderConfig) -> 
     return out
 
 
+_DECIMAL = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def parse_quantity(text: str) -> Fraction:
+    """A Kubernetes resource quantity ("2", "900k", "1Gi", "500m", "1e3") as an exact number."""
+    text = text.strip()
+    for suffix, factor in _BINARY.items():
+        if text.endswith(suffix):
+            return _number(text[: -len(suffix)], text) * factor
+    if text.endswith("m"):
+        return _number(text[:-1], text) / 1000
+    if text[-1:] in _DECIMAL and not text[-1:].isdigit():
+        return _number(text[:-1], text) * _DECIMAL[text[-1]]
+    mantissa, sep, exponent = text.lower().partition("e")
+    if sep:
+        if not exponent.lstrip("+-").isdigit():
+            raise ValueError(f"not a quantity: {text!r}")
+        return _number(mantissa, text) * Fraction(10) ** int(exponent)
+    return _number(text, text)
+
+
+def _number(digits: str, whole: str) -> Fraction:
+    body = digits[1:] if digits[:1] in "+-" else digits
+    if not body or not body.replace(".", "", 1).isdigit():
+        raise ValueError(f"not a quantity: {whole!r}")
+    return Fraction(digits)
+
+
 def _quantity(name: str, raw: object, container: str) -> int:
+    """Extended resources are whole numbers; the API server may write them as "900k" or "1Ki"."""
     text = str(raw).strip()
-    if not text.isdigit():
+    try:
+        value = parse_quantity(text)
+    except ValueError:
+        raise ValueError(f"container {container}: {name}={text!r} is not a resource quantity") from None
+    if value.denominator != 1 or value < 0:
         raise ValueError(f"container {container}: {name}={text!r} must be a whole number")
-    return int(text)
+    return int(value)

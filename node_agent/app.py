@@ -1,8 +1,9 @@
 """The node agent loop: discover, publish, watch health, police memory, serve metrics.
 
 `Agent` owns the decisions of one node and is driven by `run` (or by `poll` /
-`handle_event` directly in tests). `main` wires the real or simulated sources to it and
-starts the HTTP endpoints of `agent_http` on the metrics port.
+`handle_event` directly in tests). `main` wires the real or simulated sources to it, starts
+the HTTP endpoints of `agent_http` on the metrics port and, after the first poll, the kubelet
+device plugins (`start_device_plugins`), which follow the agent's health and topology.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any
 
 from node_agent.agent_http import serve_http
 from node_agent.config import AgentConfig, agent_version, parse_args
+from node_agent.deviceplugin.container_spec import SharingConfig
+from node_agent.deviceplugin.server import PluginConfig
 from node_agent.discovery import Discovery, DiscoveryError, discover
 from node_agent.health import (
     CORDON_ANNOTATION,
@@ -37,6 +40,8 @@ from node_agent.metrics import AgentMetrics, GpuSample
 from node_agent.nvml_pynvml import PynvmlReader
 from node_agent.nvml_reader import NvmlError, NvmlReader, NvmlUnavailable, XidEvent
 from node_agent.nvml_simulated import SimulatedNvml
+from node_agent.plugin_host import DevicePluginHost, DevicePluginSettings, install_shim
+from node_agent.pod_ledger import KubePodLedger
 from node_agent.publisher import Publisher, health_entries
 from node_agent.smi_runner import SmiError, run_topo_matrix
 from node_agent.watchdog import Watchdog
@@ -45,6 +50,9 @@ from topology.codec import encode_topology
 from topology.model import NodeTopology
 
 log = logging.getLogger("node_agent")
+
+#: Told the topology and GPU health after every poll and every health change.
+HealthListener = Callable[[NodeTopology, tuple[GpuHealth, ...]], None]
 
 
 @dataclass(frozen=True)
@@ -59,12 +67,55 @@ class DevicePluginContext:
 
 
 def start_device_plugins(context: DevicePluginContext) -> Callable[[], None] | None:
-    """HOOK for the kubelet device plugins (node_agent.deviceplugin): start them here.
+    """Start the kubelet device plugins (node_agent.deviceplugin) of this node.
 
-    Called once after the first discovery and publish. Return a function that stops them,
-    or None. `context.agent.topology` and `context.agent.health()` give the current view.
+    Called once after the first discovery and publish. They serve the devices of
+    `context.agent.topology`, hand out what the pods' allocation records say (read and written
+    back through `KubePodLedger`), advertise unhealthy or cordoned GPUs as Unhealthy after every
+    poll, and export their counters on the agent's metrics. Returns the function that stops
+    them, or None when they are off: `--no-device-plugin`, or no cluster (`--no-kube`; without
+    the API there are no allocation records, so every request would be refused), or they could
+    not start (logged; the agent keeps publishing and watching health).
     """
-    return None
+    config, agent = context.config, context.agent
+    if not config.device_plugin:
+        log.info("device plugins off (--no-device-plugin)")
+        return None
+    if context.cluster is None:
+        log.info("device plugins off: no cluster to read allocation records from")
+        return None
+    host = DevicePluginHost(
+        device_plugin_settings(config, prepare_shim(config.shim_host_dir)),
+        KubePodLedger(context.cluster, config.node_name),
+    )
+    if not host.start(agent.topology, agent.health()):
+        return None
+    agent.metrics.watch_device_plugins(host.stats)
+    agent.add_health_listener(host.update)
+    return host.stop
+
+
+def device_plugin_settings(config: AgentConfig, shim_dir: str | None) -> DevicePluginSettings:
+    return DevicePluginSettings(
+        plugin=PluginConfig(
+            plugin_dir=config.device_plugin_dir, pod_resources_socket=config.pod_resources_socket
+        ),
+        sharing=SharingConfig(shim_host_dir=shim_dir, mps_pipe_dir=config.mps_pipe_dir),
+        units_per_gpu=config.units_per_gpu,
+    )
+
+
+def prepare_shim(directory: str | None) -> str | None:
+    """Copy the framework shim to `directory` for the kubelet to mount; None (and containers
+    get no shim) when there is no directory or it cannot be written."""
+    if directory is None:
+        return None
+    try:
+        install_shim(directory)
+    except OSError as exc:
+        log.error("cannot install the framework shim in %s, shares go without it: %s", directory, exc)
+        return None
+    return directory
 
 
 class Agent:
@@ -109,6 +160,7 @@ class Agent:
         )
         self._discovered_at = clock()
         self._cordon_error = ""
+        self._health_listeners: list[HealthListener] = []
         self.last_loop_at = clock()
         if self.publisher is not None:
             self.publisher.load_existing()
@@ -119,6 +171,10 @@ class Agent:
 
     def health(self) -> tuple[GpuHealth, ...]:
         return self.tracker.snapshot()
+
+    def add_health_listener(self, listener: HealthListener) -> None:
+        """Call `listener(topology, health)` after every poll and every health change."""
+        self._health_listeners.append(listener)
 
     def stalled(self) -> bool:
         """The loop has not polled for a while (for /healthz)."""
@@ -284,6 +340,11 @@ class Agent:
     def _publish(self) -> None:
         health = self.tracker.snapshot()
         self.metrics.observe_health(health)
+        for listener in self._health_listeners:
+            try:
+                listener(self.topology, health)
+            except Exception:
+                log.exception("a health listener failed")
         if self.publisher is None:
             return
         outcome = self.publisher.publish(self.topology, health)

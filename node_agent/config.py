@@ -10,9 +10,12 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from node_agent.deviceplugin.server import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
 from node_agent.health import Severity
+from topology.workload import DEFAULT_UNITS_PER_GPU
 
 DEFAULT_METRICS_PORT = 9402
+DEFAULT_SHIM_HOST_DIR = "/var/lib/linkpack/shim"
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,13 @@ class AgentConfig:
     xid_overrides: Mapping[int, Severity] = field(default_factory=dict)
     print_discovery: bool = False
     log_level: str = "INFO"
+    # the kubelet device plugins (needs the API: the allocation records live on the pods)
+    device_plugin: bool = True
+    device_plugin_dir: str = DEFAULT_PLUGIN_DIR
+    pod_resources_socket: str | None = DEFAULT_POD_RESOURCES_SOCKET  # None: no check against it
+    units_per_gpu: int = DEFAULT_UNITS_PER_GPU
+    shim_host_dir: str | None = DEFAULT_SHIM_HOST_DIR  # None: shares get no framework shim
+    mps_pipe_dir: str | None = None  # the MPS control daemon's pipe directory, when one runs
 
     @property
     def simulated(self) -> bool:
@@ -100,13 +110,29 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         "--print-discovery", action="store_true", help="print the discovered topology as JSON and exit"
     )
     p.add_argument("--log-level", default=env.get("LINKPACK_LOG_LEVEL", "INFO"))
+    dp = p.add_argument_group("device plugin")
+    dp.add_argument("--no-device-plugin", action="store_true",
+                    help="do not serve the kubelet device plugins (implied by --no-kube: without "
+                    "the API there are no allocation records to hand out)")  # fmt: skip
+    dp.add_argument("--device-plugin-dir", default=DEFAULT_PLUGIN_DIR,
+                    help="the kubelet's device-plugin directory (kubelet.sock and our sockets)")  # fmt: skip
+    dp.add_argument("--pod-resources-socket", default=DEFAULT_POD_RESOURCES_SOCKET,
+                    help="the kubelet's pod-resources socket, to check handouts against; '' skips")  # fmt: skip
+    dp.add_argument("--units-per-gpu", type=_positive_int, default=DEFAULT_UNITS_PER_GPU,
+                    help="share units each GPU is divided into (must match the extender's)")  # fmt: skip
+    dp.add_argument("--shim-host-dir", default=DEFAULT_SHIM_HOST_DIR,
+                    help="host directory the framework shim is copied to and mounted from into "
+                    "containers given a share (the same path inside the agent's container); '' skips")  # fmt: skip
+    dp.add_argument("--mps-pipe-dir", default=None,
+                    help="pipe directory of the node's CUDA MPS control daemon, when one runs")  # fmt: skip
     a = p.parse_args(argv)
     node = a.node_name or (_simulated_node_name(a.simulate) if a.simulate else socket.gethostname())
+    use_kube = not a.no_kube and not a.print_discovery
     return AgentConfig(
         node_name=node,
         simulate=a.simulate,
         kubeconfig=a.kubeconfig,
-        use_kube=not a.no_kube and not a.print_discovery,
+        use_kube=use_kube,
         metrics_host=a.metrics_host,
         metrics_port=a.metrics_port,
         poll_interval_s=a.poll_interval,
@@ -125,12 +151,28 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         xid_overrides=_xid_overrides(p, a.xid_severity),
         print_discovery=a.print_discovery,
         log_level=a.log_level.upper(),
+        device_plugin=use_kube and not a.no_device_plugin,
+        device_plugin_dir=a.device_plugin_dir,
+        pod_resources_socket=a.pod_resources_socket or None,
+        units_per_gpu=a.units_per_gpu,
+        shim_host_dir=a.shim_host_dir or None,
+        mps_pipe_dir=a.mps_pipe_dir or None,
     )
 
 
 def _positive(text: str) -> float:
     value = float(text)
     if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text}") from None
+    if value < 1:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
     return value
 

@@ -48,10 +48,19 @@ class KubeNotFound(KubeError):
 
 @dataclass(frozen=True, slots=True)
 class ContainerRequests:
-    """Extended-resource requests of one container (names with a domain, e.g. linkpack.io/gpu)."""
+    """Extended-resource requests of one container (names with a domain, e.g. linkpack.io/gpu).
+
+    `restart_policy` is the container's own restartPolicy ("" when unset); an init container
+    with "Always" is a sidecar that runs for the pod's life.
+    """
 
     name: str
     resources: tuple[tuple[str, int], ...]
+    restart_policy: str = ""
+
+    @property
+    def sidecar(self) -> bool:
+        return self.restart_policy == "Always"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,13 +74,20 @@ class PodInfo:
     annotations: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     containers: tuple[ContainerRequests, ...] = ()
     created: dt.datetime | None = None
+    init_containers: tuple[ContainerRequests, ...] = ()  # spec order
+    scheduled_at: dt.datetime | None = None  # the PodScheduled=True condition's transition time
 
     @property
     def finished(self) -> bool:
         return self.phase in ("Succeeded", "Failed")
 
+    @property
+    def bound_at(self) -> dt.datetime | None:
+        """When the pod was bound to its node, as well as the API tells: scheduled, else created."""
+        return self.scheduled_at or self.created
+
     def requested(self, resource: str) -> int:
-        """Total of one extended resource over all containers."""
+        """Total of one extended resource over all app containers."""
         return sum(n for c in self.containers for name, n in c.resources if name == resource)
 
 
@@ -114,6 +130,10 @@ class ClusterApi(Protocol):
 
     def list_node_pods(self, node: str) -> tuple[PodInfo, ...]: ...
 
+    def get_pod(self, namespace: str, name: str) -> PodInfo | None:
+        """The pod as the API server holds it now; None when it does not exist."""
+        ...
+
     def patch_pod_annotations(
         self, namespace: str, name: str, changes: Mapping[str, str | None], resource_version: str
     ) -> PodInfo:
@@ -133,21 +153,47 @@ def rfc3339(when: dt.datetime) -> str:
 def pod_from_dict(obj: Mapping[str, Any]) -> PodInfo:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
-    containers = tuple(
-        ContainerRequests(str(c.get("name") or ""), extended_requests(c.get("resources") or {}))
-        for c in spec.get("containers") or ()
-    )
+    status = obj.get("status") or {}
     return PodInfo(
         namespace=str(meta.get("namespace") or "default"),
         name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
         resource_version=str(meta.get("resourceVersion") or ""),
         node_name=str(spec.get("nodeName") or ""),
-        phase=str((obj.get("status") or {}).get("phase") or ""),
+        phase=str(status.get("phase") or ""),
         annotations=MappingProxyType({str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}),
-        containers=containers,
+        containers=_container_requests(spec.get("containers")),
         created=_timestamp(meta.get("creationTimestamp")),
+        init_containers=_container_requests(spec.get("initContainers")),
+        scheduled_at=_scheduled_at(status.get("conditions")),
     )
+
+
+def _container_requests(containers: object) -> tuple[ContainerRequests, ...]:
+    if not isinstance(containers, list):
+        return ()
+    return tuple(
+        ContainerRequests(
+            str(c.get("name") or ""),
+            extended_requests(c.get("resources") or {}),
+            str(c.get("restartPolicy") or ""),
+        )
+        for c in containers
+        if isinstance(c, Mapping)
+    )
+
+
+def _scheduled_at(conditions: object) -> dt.datetime | None:
+    if not isinstance(conditions, list):
+        return None
+    for condition in conditions:
+        if (
+            isinstance(condition, Mapping)
+            and condition.get("type") == "PodScheduled"
+            and condition.get("status") == "True"
+        ):
+            return _timestamp(condition.get("lastTransitionTime"))
+    return None
 
 
 def extended_requests(resources: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
@@ -334,6 +380,13 @@ class KubernetesClusterApi:
         )
         items = self._plain(listed).get("items") or []
         return tuple(pod_from_dict(item) for item in items)
+
+    def get_pod(self, namespace: str, name: str) -> PodInfo | None:
+        try:
+            obj = self._guard(f"get pod {namespace}/{name}", self._core.read_namespaced_pod, name, namespace)
+        except KubeNotFound:
+            return None
+        return pod_from_dict(self._plain(obj))
 
     def patch_pod_annotations(
         self, namespace: str, name: str, changes: Mapping[str, str | None], resource_version: str

@@ -6,11 +6,14 @@ share series. `render()` gives the exposition text for the agent's own /metrics 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from node_agent.deviceplugin.broker import BrokerCounters
 from node_agent.health import GpuHealth, Severity
 
 
@@ -34,10 +37,74 @@ class PodGpuMemory:
     used_bytes: int
 
 
+@dataclass(frozen=True)
+class DevicePluginStats:
+    """The device plugins' own counts, read at scrape time."""
+
+    counters: BrokerCounters = field(default_factory=BrokerCounters)
+    resources: int = 0  # plugin servers running (one per resource)
+    registrations: int = 0  # successful registrations with the kubelet
+
+
+class _DevicePluginCollector(Collector):
+    """Exports `DevicePluginStats` (kept by the broker as plain numbers) when scraped."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], DevicePluginStats | None] = lambda: None
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.source() or DevicePluginStats()
+        c = stats.counters
+        allocations = CounterMetricFamily(
+            "linkpack_agent_allocations",
+            "Allocate requests of the kubelet, by result (granted from a record, or refused)",
+            labels=["result"],
+        )
+        allocations.add_metric(["granted"], c.allocations)
+        allocations.add_metric(["refused"], c.refusals)
+        yield allocations
+        mismatches = CounterMetricFamily(
+            "linkpack_agent_allocation_mismatches",
+            "Grants where the kubelet's devices (device_ids) or the node's enforcement (enforcement) "
+            "disagreed with the allocation record",
+            labels=["kind"],
+        )
+        mismatches.add_metric(["device_ids"], c.id_mismatches)
+        mismatches.add_metric(["enforcement"], c.enforcement_disagreements)
+        yield mismatches
+        for name, help_text, value in (
+            ("linkpack_agent_allocation_swaps", "Records swapped to match the kubelet's account", c.swaps),
+            (
+                "linkpack_agent_allocation_unresolved",
+                "Cases the kubelet's account could not be squared with the records",
+                c.unresolved,
+            ),
+            ("linkpack_agent_allocations_adopted", "Handouts learned from the kubelet's account", c.adopted),
+            (
+                "linkpack_agent_allocation_write_failures",
+                "Failed write-backs of consumed or rewritten records (retried)",
+                c.write_failures,
+            ),
+            (
+                "linkpack_agent_device_plugin_registrations",
+                "Registrations of a device plugin with the kubelet",
+                stats.registrations,
+            ),
+        ):
+            yield CounterMetricFamily(name, help_text, value=value)
+        yield GaugeMetricFamily(
+            "linkpack_agent_device_plugin_resources",
+            "Device-plugin resources served to the kubelet (0: device plugins off)",
+            value=stats.resources,
+        )
+
+
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        self._device_plugins = _DevicePluginCollector()
+        r.register(self._device_plugins)
         gpu = ("gpu", "uuid")
         self.utilization = Gauge("linkpack_gpu_utilization_percent", "GPU busy percent", gpu, registry=r)
         self.memory_used = Gauge("linkpack_gpu_memory_used_bytes", "GPU memory in use", gpu, registry=r)
@@ -101,6 +168,10 @@ class AgentMetrics:
 
     def count_kill(self, namespace: str, pod: str, gpu_index: int) -> None:
         self.kills.labels(namespace, pod, str(gpu_index)).inc()
+
+    def watch_device_plugins(self, source: Callable[[], DevicePluginStats | None]) -> None:
+        """Where the device plugins' counts are read from at each scrape (None: not running)."""
+        self._device_plugins.source = source
 
     def published(self, when: float) -> None:
         self.heartbeat.set(when)

@@ -8,6 +8,7 @@ node agent's device plugin reads it to hand each container exactly that, and wri
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -28,6 +29,16 @@ class Enforcement(StrEnum):
     COOPERATIVE = "cooperative"  # framework memory caps through the shim; a process may ignore them
     MPS = "mps"  # CUDA MPS pinned memory limit and thread percentage
     MIG = "mig"  # hardware partition
+
+
+def enforcement_for(grants: Sequence[GpuGrant], mps_enabled: bool) -> Enforcement:
+    """How strictly these grants are enforced on a node: MIG instances by hardware, whole GPUs need
+    nothing, shares by MPS when the node runs an MPS daemon, otherwise only cooperatively."""
+    if any(g.mig_uuid for g in grants):
+        return Enforcement.MIG
+    if all(g.whole for g in grants):
+        return Enforcement.NONE
+    return Enforcement.MPS if mps_enabled else Enforcement.COOPERATIVE
 
 
 class AllocationError(ValueError):

@@ -1,16 +1,38 @@
 """Node scoring for prioritize (and for the cluster simulator's "ours" policy).
 
-Each candidate node comes with the placement `place()` found on it. Three terms, each
-normalised to 0..1 across the candidates of one call, are mixed by the policy's weights:
+Each candidate node comes with the placement `place()` found on it. `node_terms` measures the
+candidate on its own (cacheable while the node does not change); `combine` turns the terms of
+one call's candidates into kube-scheduler's integer priorities 0..10. Three terms, each 0..1
+with higher better, are mixed by the policy's weights:
 
-- link quality: for multi-GPU pods the bottleneck (then total) bandwidth of the chosen set;
-  for every pod, how well connected the free GPUs left behind remain;
-- fragmentation: the FGD fragmentation delta the placement causes on the node (lower is
-  better), measured against the typical workload;
-- packing: how full the node is after the placement (binpack and balanced prefer fuller
-  nodes, spread prefers emptier ones).
+- fragmentation: the FGD fragmentation delta ΔF the placement causes on the node (milli-GPU,
+  measured against the typical workload) divided by the GPU capacity the pod takes, so it is
+  "stranded GPU per GPU granted": `0.5 - 0.5 * clamp(ΔF / taken, -1, 1)`. 1.0 when the pod
+  removes as much fragmentation as it takes (it fills a sliver nothing else could use), 0.5
+  when it is neutral, 0.0 when it strands as much as it takes. Absolute, not normalised
+  across the candidates: a spread of tiny deltas must not be blown up to the full range.
+- packing: how full the node's GPUs are after the placement, 0..1 (binpack and balanced
+  prefer fuller nodes, spread emptier ones). This is FGD's own direction: filling up
+  partly used nodes keeps whole nodes free for the large requests of the workload.
+- link quality:
+  - multi-GPU pods: the chosen set's ring bottleneck (then pair total, then what is left
+    behind), each relative to the best of the call's candidates (value / best), so the pod
+    goes to the best connected set the cluster offers unless packing says otherwise;
+  - one GPU or a share: the damage the placement does to the node's own free GPUs: the best
+    pair bandwidth the free whole GPUs can still form after it, relative to before it (1.0
+    when nothing breaks, or the node had no pair to break; 0.0 when it takes the last pair).
+    It protects NVLink pairs without favouring empty nodes, whose pairs never break.
 
-The result is an integer 0..10 per node, kube-scheduler's extender priority range.
+    (Rewarding the *absolute* leftover bandwidth instead sends every small pod to the
+    emptiest node, since those keep the best pairs: it spreads pods and wrecks packing.)
+
+`raw = (w_link * link + w_frag * fragmentation + w_pack * packing) / Σw` and the score is
+`round(10 * raw)`. The coarse integer buckets are deliberate: near-equal nodes tie and
+kube-scheduler (or the simulator's fixed node order) breaks the tie, which acts like first-fit
+packing; the paper's FGD plugin gets much of its edge from the same effect, and ranking by
+exact deltas does worse (docs/BENCHMARKS.md, "Cluster packing"). Only the multi-GPU link term
+depends on the other candidates, and only through their maximum, so scoring a list with
+duplicates of a node's state gives that state the same score. Everything is deterministic.
 """
 
 from __future__ import annotations
@@ -19,9 +41,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from topology.accounting import with_grants
+from topology.gpu_sets import link_table, mask_of
+from topology.placement import whole_gpu_candidates
 from topology.workload import NodeState, Placement, Policy, PolicyName, Request, WholeGpus
 
 MAX_SCORE = 10
+#: How the three link components of a multi-GPU placement mix (the bottleneck dominates).
+LINK_MIX = (0.8, 0.15, 0.05)
+#: GPU capacity (milli-GPU) assumed taken when a placement's usage does not show it (MIG).
+_MIN_TAKEN_MILLI = 1000.0
 
 Fragmentation = Callable[[NodeState], float]
 
@@ -64,27 +92,69 @@ def utilisation(node: NodeState) -> float:
 
 @dataclass(frozen=True, slots=True)
 class RawTerms:
-    """One candidate's unnormalised terms; cacheable while the node does not change."""
+    """One candidate's terms before they are mixed; cacheable while the node does not change.
+
+    `link` is the multi-GPU (bottleneck, pair total, leftover) in GB/s when `link_relative`,
+    else the single-GPU damage ratio in its first component. `fragmentation` and `packing`
+    are already 0..1.
+    """
 
     node: str
     link: tuple[float, float, float]
     fragmentation_delta: float
     packing: float
     placement: Placement
+    fragmentation: float = 0.5
+    link_relative: bool = False
+
+
+def pair_preserved(before: NodeState, placement: Placement) -> float:
+    """Best pair bandwidth the free whole GPUs keep after `placement`, relative to before (0..1)."""
+    free = whole_gpu_candidates(before)
+    if len(free) < 2:
+        return 1.0
+    table = link_table(before.topology)
+    mask = mask_of(free)
+    best_before = table.best_ring_within(mask, 2)
+    if best_before <= 0:
+        return 1.0
+    taken = mask_of(placement.gpus) if any(before.usage[i].idle for i in placement.gpus) else 0
+    best_after = table.best_ring_within(mask & ~taken, 2)
+    return min(1.0, best_after / best_before)
+
+
+def fragmentation_term(delta_milli: float, taken_milli: float) -> float:
+    """0..1, higher is better: 0.5 for a neutral placement (see the module docstring)."""
+    ratio = delta_milli / max(taken_milli, 1.0)
+    return 0.5 - 0.5 * max(-1.0, min(1.0, ratio))
 
 
 def node_terms(
     state: NodeState, placement: Placement, request: Request, policy: Policy, fragmentation: Fragmentation
 ) -> RawTerms:
-    """The terms of one candidate, before normalisation across the call's candidates."""
+    """The terms of one candidate; only the multi-GPU link term still needs the other candidates."""
     s = placement.score
     multi = isinstance(request, WholeGpus) and request.count > 1
-    link = (s.bottleneck_gbps, s.total_pair_gbps, s.leftover_gbps) if multi else (s.leftover_gbps, 0.0, 0.0)
+    if multi:
+        link = (s.bottleneck_gbps, s.total_pair_gbps, s.leftover_gbps)
+    else:
+        link = (pair_preserved(state, placement), 0.0, 0.0)
     after = with_grants(state, placement.grants)
     delta = fragmentation(after) - fragmentation(state)
-    util = utilisation(after)
-    packing = 1.0 - util if policy.name is PolicyName.SPREAD else util
-    return RawTerms(state.name, link, delta, packing, placement)
+    util_before, util_after = utilisation(state), utilisation(after)
+    taken = (util_after - util_before) * len(state.usage) * 1000.0
+    if taken <= 0.0:
+        taken = _MIN_TAKEN_MILLI * max(1, len(placement.gpus))
+    packing = 1.0 - util_after if policy.name is PolicyName.SPREAD else util_after
+    return RawTerms(
+        node=state.name,
+        link=link,
+        fragmentation_delta=delta,
+        packing=packing,
+        placement=placement,
+        fragmentation=fragmentation_term(delta, taken),
+        link_relative=multi,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,19 +198,18 @@ class Ranking:
 
 
 def combine(terms: Sequence[RawTerms], policy: Policy) -> Ranking:
-    """Normalise each term across the candidates and mix them by the policy's weights."""
+    """Mix each candidate's terms by the policy's weights into an integer score 0..10."""
     if not terms:
         return Ranking((), (), (), (), (), ())
-    links = [t.link for t in terms]
-    link = _normalise_tuples(links)
-    frag_term = _normalise([-t.fragmentation_delta for t in terms])
-    pack = _normalise([t.packing for t in terms])
+    link = _link_terms(terms)
+    frag_term = [t.fragmentation for t in terms]
+    pack = [t.packing for t in terms]
     total_weight = (policy.weight_link_quality + policy.weight_fragmentation + policy.weight_packing) or 1.0
     wl = policy.weight_link_quality / total_weight
     wf = policy.weight_fragmentation / total_weight
     wp = policy.weight_packing / total_weight
     raw = [wl * a + wf * b + wp * c for a, b, c in zip(link, frag_term, pack, strict=True)]
-    scores = [int(r * MAX_SCORE + 0.5) for r in raw]
+    scores = [max(0, min(MAX_SCORE, int(r * MAX_SCORE + 0.5))) for r in raw]
     return Ranking(tuple(terms), tuple(scores), tuple(raw), tuple(link), tuple(frag_term), tuple(pack))
 
 
@@ -155,16 +224,15 @@ def rank_nodes(
     return combine([node_terms(s, p, request, policy, frag) for s, p in candidates], policy)
 
 
-def _normalise(values: Sequence[float]) -> list[float]:
-    lo, hi = min(values), max(values)
-    if hi - lo < 1e-9:
-        return [1.0] * len(values)
-    scale = 1.0 / (hi - lo)
-    return [(v - lo) * scale for v in values]
-
-
-def _normalise_tuples(values: Sequence[tuple[float, float, float]]) -> list[float]:
-    """Lexicographic quality → 0..1: the first component dominates, the others refine ties."""
-    columns = list(zip(*values, strict=True))
-    firsts, seconds, thirds = (_normalise(c) for c in columns)
-    return [0.8 * a + 0.15 * b + 0.05 * c for a, b, c in zip(firsts, seconds, thirds, strict=True)]
+def _link_terms(terms: Sequence[RawTerms]) -> list[float]:
+    """The link term of each candidate: relative to the best candidate for multi-GPU sets."""
+    relative = [t.link for t in terms if t.link_relative]
+    best = [max(column) for column in zip(*relative, strict=True)] if relative else [0.0, 0.0, 0.0]
+    out = []
+    for t in terms:
+        if not t.link_relative:
+            out.append(max(0.0, min(1.0, t.link[0])))
+            continue
+        parts = [v / b if b > 0 else 1.0 for v, b in zip(t.link, best, strict=True)]
+        out.append(sum(w * p for w, p in zip(LINK_MIX, parts, strict=True)))
+    return out

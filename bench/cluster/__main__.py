@@ -1,7 +1,8 @@
 """`python -m bench.cluster`: the FGD-paper cluster packing benchmark (see bench/cluster/__init__.py).
 
 Examples:
-    python -m bench.cluster --quick                       # default trace, seeds 42-43, all policies
+    python -m bench.cluster                               # what docs/BENCHMARKS.md shows (~8 min, 2 cores)
+    python -m bench.cluster --quick --traces default      # seeds 42-43 only: a smoke test
     python -m bench.cluster --traces default,gpushare40,multigpu50 --seeds 42-51 --policies all
     python -m bench.cluster --policies fgd,ours --seeds 42,45 --no-write
 """
@@ -14,7 +15,6 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
-from bench.cluster.ours import score_hook
 from bench.cluster.policy import PolicyFactory
 from bench.cluster.protocol import RunRecord
 from bench.cluster.registry import parse_policies
@@ -35,7 +35,8 @@ from bench.cluster.trace import (
 )
 from topology.fragmentation import Workload
 
-DEFAULT_SEEDS = tuple(range(42, 52))
+DEFAULT_TRACES = "default,gpushare40,multigpu50"
+DEFAULT_POLICIES = "all,fgd-ideal"
 QUICK_SEEDS = (42, 43)
 BENCHMARKS_MD = REPO_ROOT / "docs" / "BENCHMARKS.md"
 PLOT_PATH = REPO_ROOT / "docs" / "img" / "cluster-packing-default.png"
@@ -100,13 +101,20 @@ def run_all(specs: Sequence[RunSpec], jobs: int) -> list[RunRecord]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__.split("\n")[0])
-    parser.add_argument("--traces", default="default", help="comma-separated pod lists (default: default)")
+    parser.add_argument(
+        "--traces", default=DEFAULT_TRACES, help=f"comma-separated pod lists (default: {DEFAULT_TRACES})"
+    )
     parser.add_argument("--seeds", default=None, help="e.g. 42-51 or 42,45 (default: 42-51)")
-    parser.add_argument("--policies", default="all", help="'all' or comma-separated names")
-    parser.add_argument("--quick", action="store_true", help="seeds 42-43 only (smoke test)")
+    parser.add_argument(
+        "--policies",
+        default=DEFAULT_POLICIES,
+        help=f"comma-separated names, 'all' = the six baselines and ours (default: {DEFAULT_POLICIES})",
+    )
+    parser.add_argument("--quick", action="store_true", help="seeds 42-43 only, docs left alone (smoke test)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--no-write", action="store_true", help="print the section, leave docs alone")
     args = parser.parse_args(argv)
+    write_docs = not (args.no_write or args.quick)
 
     seeds = QUICK_SEEDS if args.quick and args.seeds is None else parse_seeds(args.seeds or "42-51")
     traces = tuple(t.strip() for t in args.traces.split(",") if t.strip())
@@ -130,26 +138,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             group = [r for r in records if r.trace == trace and r.policy == policy]
             by_trace.setdefault(trace, []).append(summarise(group))
     cpu_seconds = sum(r.seconds for r in records)
-    hook_text = (
-        "`topology.scoring.score_node`"
-        if score_hook() is not None
-        else "the FGD-like fallback (no `topology.scoring.score_node` yet)"
-    )
     notes = [
         f"{len(records)} runs in {wall:.0f} s wall ({cpu_seconds:.0f} CPU s in runs, {args.jobs} workers).",
-        f'"ours" ranked nodes with {hook_text}; it places GPUs with `topology.placement.place` on assumed '
-        "topologies "
+        '"ours" is the extender\'s default: filter `topology.placement.place`, prioritize '
+        "`topology.scoring.node_terms` + `combine` under `ExtenderConfig().policy(None)` (integer 0..10, "
+        "ties to the fixed node order), on assumed topologies "
         f"(`bench/cluster/topologies.py`: 8xG2/V100 → {wiring_name('G2', 8)}, 8xG3 → "
         f"{wiring_name('G3', 8)}, 2xT4 → {wiring_name('T4', 2)}); see bench/cluster/ours.py.",
         "FGD is the paper's plugin, integer sigmoid score included; `fgd-ideal` (opt-in) ranks by the raw "
         "fragmentation delta instead.",
     ]
     plot_rel = None
-    if "default" in by_trace and not args.no_write:
+    if "default" in by_trace and write_docs:
         write_plot(by_trace["default"], PLOT_PATH, "default")
         plot_rel = PLOT_PATH.relative_to(BENCHMARKS_MD.parent).as_posix()
     section = markdown_section(by_trace, load_paper_results(), plot_rel, notes)
-    if args.no_write:
+    if not write_docs:
         print(section)
     else:
         write_section(BENCHMARKS_MD, section)

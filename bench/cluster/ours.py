@@ -1,54 +1,54 @@
-"""Linkpack's own policy in the simulator ("ours"), through the very functions the extender uses.
+"""Linkpack's own policy in the simulator ("ours"): the extender's filter, prioritize and placement.
 
 Every openb node gets a topology (`bench.cluster.topologies`) and a `topology.workload.NodeState`
 (shares in units of 1/1000 GPU, so trace shares map exactly; whole-held GPUs marked whole).
-For each feasible node `topology.placement.place` chooses the GPUs, as the extender's filter
-does. Then the node is scored:
+For a GPU pod, on every node that passed the simulator's shared filter (CPU, memory, GPU
+model, GPU fit: the same for every policy):
 
-- when `topology.scoring.score_node(node, placement, request, policy) -> float` exists (higher
-  is better), by that hook; the lead wires the extender's default scoring in there;
-- otherwise by an FGD-like rule: the FGD plugin's integer score of the fragmentation delta the
-  placement causes under the trace's target workload (with CPU, as FGD), then for multi-GPU
-  pods the ring bottleneck of the chosen set, then the node priority.
+- filter: `topology.placement.place(state, request, policy)`, as `extender.decisions.Decider`
+  does; a `Misfit` takes the node out;
+- prioritize: `topology.scoring.node_terms(state, placement, request, policy, fragmentation)`
+  per node and `topology.scoring.combine(terms, policy)` over the candidates, with the policy
+  and the fragmentation measure the extender uses by default
+  (`extender.config.ExtenderConfig().policy(None)`, `topology.scoring.default_fragmentation()`);
+- the node with the highest integer score wins; ties go to the seed's fixed node order,
+  as for every other policy; the pod gets the GPUs `place` chose.
 
-CPU-only pods are ranked the same way (their delta only comes from the CPU they take).
+CPU-only pods never reach the extender (it manages GPU resources only, and answers score 0
+for everything else), so they go to the first feasible node in the fixed order.
 
-Why so little beyond FGD at node level (default trace, seeds 42-43, unallocated % at 100%
-arrival; FGD itself 4.6-4.7): ranking by the exact delta (rounded to 0.1 milli-GPU), then by
-fullness, gave 6.7; ranking equal FGD scores by the best pair the leftover free GPUs can still
-form gave 9.5, because the emptiest nodes always keep the best pairs, so it spreads pods;
-sending CPU-only pods to the node with the least CPU left gave 5.1-5.4; this rule gives
-4.7-4.8. Coarse score buckets plus the seed's fixed node order act as first-fit packing among
-near-equal nodes. Topology matters inside the node (which GPUs `place` picks), not in which
-node is chosen.
+Speed: nodes with the same topology and usage give the same `place` result and terms, so they
+form a class; `place` and `node_terms` run once per (class, request), the way the extender
+memoises them per node version, and `combine` scores one representative per class. That is
+exact because `combine` scores each candidate on its own terms plus, for multi-GPU sets, the
+best candidate's link values, which duplicates do not change (tests/bench checks it).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
 from bench.cluster.cluster import ClusterState, Decision
-from bench.cluster.fgd_policy import sigmoid_scores
 from bench.cluster.frag_table import IntArray
 from bench.cluster.policy import ClusterPolicy, RunContext, pick_best
 from bench.cluster.topologies import topology_for
 from bench.cluster.trace import MILLI_PER_GPU, TracePod
+from extender.config import ExtenderConfig
 from topology.model import NodeTopology
+from topology.placement import place
+from topology.scoring import Fragmentation, RawTerms, combine, default_fragmentation, node_terms
 from topology.workload import GpuShare, GpuUsage, NodeState, Placement, Policy, Request, WholeGpus
 
 UsageKey = tuple[int, ...]  # free milli per GPU, -1 for a GPU held whole
-ScoreHook = Callable[[NodeState, Placement, Request, Policy], float]
 
 
-@dataclass(frozen=True, slots=True)
-class Choice:
-    gpus: tuple[int, ...]
-    link_gbps: float
-    placement: Placement
+def extender_default_policy() -> Policy:
+    """The policy the extender applies to a pod that names none."""
+    policy = ExtenderConfig().policy(None)
+    assert policy is not None
+    return policy
 
 
 def request_for(pod: TracePod) -> Request | None:
@@ -67,34 +67,55 @@ def node_state(name: str, topology: NodeTopology, usage: UsageKey) -> NodeState:
     return NodeState(name, topology, gpus, units_per_gpu=MILLI_PER_GPU)
 
 
-def score_hook() -> ScoreHook | None:
-    """`topology.scoring.score_node` when the module defines it."""
-    try:
-        scoring = importlib.import_module("topology.scoring")
-    except ImportError:
-        return None
-    hook = getattr(scoring, "score_node", None)
-    return hook if callable(hook) else None
+class PlacementMemo:
+    """Node classes (topology kind + usage), and per (class, request) the extender's terms.
 
+    Shared by the runs one factory builds (one policy), like the extender's per-node memo.
+    """
 
-def place_function() -> Callable[[NodeState, Request, Policy], object] | None:
-    try:
-        placement = importlib.import_module("topology.placement")
-    except ImportError:
-        return None
-    place = getattr(placement, "place", None)
-    return place if callable(place) else None
+    def __init__(self, policy: Policy, fragmentation: Fragmentation) -> None:
+        self.policy = policy
+        self.fragmentation = fragmentation
+        self.classes: dict[tuple[tuple[str, int], UsageKey], int] = {}
+        self.keys: list[tuple[tuple[str, int], UsageKey]] = []
+        self.states: dict[int, NodeState] = {}
+        self.terms: dict[tuple[int, Request], RawTerms | None] = {}
+
+    def class_id(self, kind: tuple[str, int], usage: UsageKey) -> int:
+        key = (kind, usage)
+        found = self.classes.get(key)
+        if found is None:
+            found = len(self.keys)
+            self.classes[key] = found
+            self.keys.append(key)
+        return found
+
+    def state_of(self, class_id: int) -> NodeState:
+        state = self.states.get(class_id)
+        if state is None:
+            (model, count), usage = self.keys[class_id]
+            state = node_state(f"class-{class_id}", topology_for(model, count), usage)
+            self.states[class_id] = state
+        return state
+
+    def terms_of(self, class_id: int, request: Request) -> RawTerms | None:
+        """`place` (filter) then `node_terms` (prioritize) for one class; None when it does not fit."""
+        key = (class_id, request)
+        if key in self.terms:
+            return self.terms[key]
+        state = self.state_of(class_id)
+        outcome = place(state, request, self.policy)
+        found = None
+        if isinstance(outcome, Placement):
+            found = node_terms(state, outcome, request, self.policy, self.fragmentation)
+        self.terms[key] = found
+        return found
 
 
 class OursPolicy:
-    """Nodes with the same topology and usage form a class; `place` runs once per class and request."""
-
-    def __init__(self, context: RunContext, policy: Policy, memo: PlacementMemo):
+    def __init__(self, context: RunContext, memo: PlacementMemo):
         cluster = context.cluster
         self.priority = context.priority
-        self.policy = policy
-        self.hook = score_hook()
-        self.place = place_function()
         self.memo = memo
         self.kinds = [(n.model, n.gpu_count) for n in cluster.nodes]
         self.class_of: IntArray = np.zeros(cluster.size, dtype=np.int64)
@@ -115,111 +136,30 @@ class OursPolicy:
             self.class_of[node] = self._class_id(cluster, node)
         self._versions[changed] = cluster.version[changed]
 
-    def _choice(self, class_id: int, request: Request) -> Choice | None:
-        key = (class_id, request)
-        if key in self.memo.placements:
-            return self.memo.placements[key]
-        state = self.memo.state_of(class_id)
-        choice = None
-        if self.place is not None:
-            outcome = self.place(state, request, self.policy)
-            if isinstance(outcome, Placement):
-                multi = isinstance(request, WholeGpus) and request.count > 1
-                link = outcome.score.bottleneck_gbps if multi else outcome.score.leftover_gbps
-                choice = Choice(outcome.gpus, link, outcome)
-        self.memo.placements[key] = choice
-        return choice
-
     def decide(self, cluster: ClusterState, pod: TracePod, feasible: IntArray) -> Decision | None:
         request = request_for(pod)
         if request is None:
-            return self._decide_cpu_only(cluster, pod, feasible)
+            return Decision(pick_best(np.zeros(len(feasible)), feasible, self.priority), ())
         self._refresh_classes(cluster)
         classes, inverse = np.unique(self.class_of[feasible], return_inverse=True)
-        choices = [self._choice(c, request) for c in classes.tolist()]
-        placeable = np.array([c is not None for c in choices])[inverse]
-        if not placeable.any():
+        terms = [self.memo.terms_of(c, request) for c in classes.tolist()]
+        fitting = [i for i, t in enumerate(terms) if t is not None]
+        if not fitting:
             return None
-        nodes = feasible[placeable]
-        node_choice = inverse[placeable]
-        if self.hook is not None:
-            class_scores = np.array(
-                [
-                    -np.inf
-                    if c is None
-                    else self.hook(self.memo.state_of(k), c.placement, request, self.policy)
-                    for k, c in zip(classes.tolist(), choices, strict=True)
-                ]
-            )
-            best = pick_best(class_scores[node_choice], nodes, self.priority)
-        else:
-            best = self._fgd_like_best(cluster, pod, nodes, node_choice, choices)
-        chosen = choices[int(inverse[np.flatnonzero(feasible == best)[0]])]
+        ranking = combine([t for t in terms if t is not None], self.memo.policy)
+        class_scores = np.full(len(classes), -1, dtype=np.int64)
+        class_scores[fitting] = ranking.scores
+        best = pick_best(class_scores[inverse], feasible, self.priority)
+        chosen = terms[int(inverse[np.flatnonzero(feasible == best)[0]])]
         assert chosen is not None
-        return Decision(best, chosen.gpus)
-
-    def _fgd_like_best(
-        self,
-        cluster: ClusterState,
-        pod: TracePod,
-        nodes: IntArray,
-        node_choice: IntArray,
-        choices: list[Choice | None],
-    ) -> int:
-        first_gpu = np.array([c.gpus[0] if c is not None and c.gpus else 0 for c in choices])[node_choice]
-        free_before = cluster.gpu_left[nodes, first_gpu] if pod.is_fractional else None
-        delta = cluster.fragmentation_after(nodes, pod, free_before) - cluster.frag.values[nodes]
-        if pod.gpu_count > 1:
-            link = np.array([c.link_gbps if c is not None else 0.0 for c in choices])[node_choice]
-        else:
-            link = np.zeros(len(nodes))
-        return _lexicographic_best(nodes, sigmoid_scores(-delta), link, self.priority)
-
-    def _decide_cpu_only(self, cluster: ClusterState, pod: TracePod, feasible: IntArray) -> Decision:
-        delta = cluster.fragmentation_after(feasible, pod, None) - cluster.frag.values[feasible]
-        best = _lexicographic_best(feasible, sigmoid_scores(-delta), np.zeros(len(feasible)), self.priority)
-        return Decision(best, ())
-
-
-class PlacementMemo:
-    """Node classes (topology kind + usage) and `place` results, shared by the runs of one process."""
-
-    def __init__(self) -> None:
-        self.classes: dict[tuple[tuple[str, int], UsageKey], int] = {}
-        self.keys: list[tuple[tuple[str, int], UsageKey]] = []
-        self.states: dict[int, NodeState] = {}
-        self.placements: dict[tuple[int, Request], Choice | None] = {}
-
-    def class_id(self, kind: tuple[str, int], usage: UsageKey) -> int:
-        key = (kind, usage)
-        found = self.classes.get(key)
-        if found is None:
-            found = len(self.keys)
-            self.classes[key] = found
-            self.keys.append(key)
-        return found
-
-    def state_of(self, class_id: int) -> NodeState:
-        state = self.states.get(class_id)
-        if state is None:
-            (model, count), usage = self.keys[class_id]
-            state = node_state("node", topology_for(model, count), usage)
-            self.states[class_id] = state
-        return state
-
-
-def _lexicographic_best(nodes: IntArray, first: np.ndarray, second: np.ndarray, priority: IntArray) -> int:
-    """The node with the largest (first, second), ties to the lowest priority rank."""
-    order = np.lexsort((priority[nodes], -second, -first))
-    return int(nodes[order[0]])
+        return Decision(best, chosen.placement.gpus)
 
 
 def ours_factory(policy: Policy | None = None) -> Callable[[RunContext], ClusterPolicy]:
-    """ "ours" with the extender's default policy; placements are shared across the runs it builds."""
-    memo = PlacementMemo()
-    chosen = policy or Policy()
+    """ "ours" with the extender's default policy; terms are shared across the runs it builds."""
+    memo = PlacementMemo(policy or extender_default_policy(), default_fragmentation())
 
     def build(context: RunContext) -> ClusterPolicy:
-        return OursPolicy(context, chosen, memo)
+        return OursPolicy(context, memo)
 
     return build

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from node_agent.deviceplugin.inventory import Inventory
-from topology.allocation import Enforcement
+from topology.allocation import Enforcement, enforcement_for
 from topology.workload import GpuGrant
 
 SHIM_CONTAINER_PATH = "/opt/linkpack/shim"
@@ -67,16 +67,6 @@ class ContainerSpec:
 
     def env(self, name: str) -> str | None:
         return dict(self.envs).get(name)
-
-
-def enforcement_for(grants: Sequence[GpuGrant], mps_enabled: bool) -> Enforcement:
-    """How strictly these grants are enforced on a node: MIG instances by hardware, whole GPUs need
-    nothing, shares by MPS when the node runs an MPS daemon, otherwise only cooperatively."""
-    if any(g.mig_uuid for g in grants):
-        return Enforcement.MIG
-    if all(g.whole for g in grants):
-        return Enforcement.NONE
-    return Enforcement.MPS if mps_enabled else Enforcement.COOPERATIVE
 
 
 def container_spec(grants: Sequence[GpuGrant], inventory: Inventory, sharing: SharingConfig) -> ContainerSpec:

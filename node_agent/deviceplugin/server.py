@@ -274,8 +274,14 @@ class DevicePlugins:
         self.health.set_unhealthy(uuids)
 
     def start(self) -> None:
-        for endpoint in self._endpoints:
-            endpoint.start()
+        try:
+            for endpoint in self._endpoints:
+                endpoint.start()
+        except BaseException:
+            for endpoint in self._endpoints:  # none is left serving when one cannot start
+                endpoint.stop()
+                endpoint.socket_path.unlink(missing_ok=True)
+            raise
         self._thread = threading.Thread(target=self._watch, name="linkpack-deviceplugin-watch", daemon=True)
         self._thread.start()
 

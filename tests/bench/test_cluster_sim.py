@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 from bench.cluster import baselines
+from bench.cluster.__main__ import parse_seeds
 from bench.cluster.cluster import ClusterState, Decision
 from bench.cluster.fgd_policy import FgdPolicy, fgd_policy
 from bench.cluster.policy import NodeChoice, NodeSnapshot, PolicyFactory, RunContext, per_node
 from bench.cluster.protocol import RunRecord, build_arrivals, unallocated_curve
+from bench.cluster.registry import ALL_POLICIES, parse_policies
 from bench.cluster.report import SECTION_TITLE, replace_section
 from bench.cluster.simulate import RunSpec, schedule, simulate
 from bench.cluster.topologies import topology_for, wiring_name
@@ -301,3 +303,13 @@ def test_report_replaces_only_its_own_section() -> None:
     assert updated.index("## Placement") < updated.index("new") < updated.index("## Extender")
     assert "kept" in updated and "also kept" in updated
     assert replace_section("", f"{SECTION_TITLE}\n\nnew\n").startswith("# Benchmarks\n\n## Cluster packing")
+
+
+def test_cli_parses_seed_ranges_and_policy_lists() -> None:
+    assert parse_seeds("42-51") == tuple(range(42, 52))
+    assert parse_seeds("42,45-46") == (42, 45, 46)
+    assert parse_policies("all") == ALL_POLICIES
+    assert parse_policies("fgd,all,fgd-ideal")[0] == "fgd"
+    assert parse_policies("all,fgd-ideal")[-1] == "fgd-ideal"
+    with pytest.raises(ValueError, match="unknown"):
+        parse_policies("tetris")

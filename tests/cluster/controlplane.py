@@ -256,6 +256,7 @@ class ControlPlane:
                 print(f"[linkpack cluster] kept control-plane files in {self.workdir}", file=sys.stderr)
             else:
                 shutil.rmtree(self.workdir, ignore_errors=True)
+        self._failed = False  # reported once; a second stop() is a no-op
         if errors:
             raise ControlPlaneError("could not stop: " + "; ".join(errors))
 

@@ -214,7 +214,10 @@ def test_a_burst_of_200_mixed_pods_never_overcommits(
         return last[1] >= 12
 
     wait_until(settled, 240, "the burst to settle", interval_s=0.5)
-    assert len(_bound(cp, namespace)) > 40
+    used = {
+        (a.node, g.index) for p in _bound(cp, namespace).values() for a in [_allocation(p)] for g in a.grants
+    }
+    assert len(used) >= 28, f"only {len(used)} of 32 GPUs carry an allocation after the burst"
     _assert_no_overcommit(cp)
 
 

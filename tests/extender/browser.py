@@ -57,7 +57,12 @@ def ensure_chromium() -> str:
         for args in (["update", "-q"], ["install", "-y", "-q", "chromium"]):
             try:
                 done = subprocess.run(
-                    _apt(args), env=env, capture_output=True, text=True, timeout=_INSTALL_TIMEOUT_S, check=False
+                    _apt(args),
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=_INSTALL_TIMEOUT_S,
+                    check=False,
                 )
             except (OSError, subprocess.TimeoutExpired) as exc:
                 raise BrowserUnavailable(f"apt-get {' '.join(args)} failed: {exc}") from exc

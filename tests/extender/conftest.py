@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from extender.__main__ import handlers_for
 from extender.config import ExtenderConfig
 from extender.memory_api import InMemoryCluster
 from extender.service import ExtenderService
 from extender.state import NodeFacts, TopologyRecord
-from extender.__main__ import handlers_for
 from topology.model import Gpu, GpuLink, LinkKind, NodeTopology
 
 
@@ -70,7 +70,9 @@ def service(config: ExtenderConfig, cluster: InMemoryCluster) -> Iterator[Extend
 _names = itertools.count()
 
 
-def gpu_pod(name: str | None = None, *, gpus: int = 0, units: int = 0, memory: int = 0, **annotations: str) -> dict[str, Any]:
+def gpu_pod(
+    name: str | None = None, *, gpus: int = 0, units: int = 0, memory: int = 0, **annotations: str
+) -> dict[str, Any]:
     """A pod manifest as kube-scheduler sends it, asking for GPU resources."""
     limits: dict[str, str] = {}
     if gpus:
@@ -84,11 +86,19 @@ def gpu_pod(name: str | None = None, *, gpus: int = 0, units: int = 0, memory: i
         "metadata": {
             "name": pod_name,
             "namespace": "ml",
-            "annotations": {k.replace("_", "-").replace("linkpack-io-", "linkpack.io/"): v for k, v in annotations.items()},
+            "annotations": {
+                k.replace("_", "-").replace("linkpack-io-", "linkpack.io/"): v for k, v in annotations.items()
+            },
         },
         "spec": {
             "schedulerName": "linkpack",
-            "containers": [{"name": "main", "image": "trainer", "resources": {"limits": limits, "requests": dict(limits)}}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "trainer",
+                    "resources": {"limits": limits, "requests": dict(limits)},
+                }
+            ],
         },
         "status": {"phase": "Pending"},
     }

@@ -19,7 +19,9 @@ def test_filter_prioritize_bind_over_http(service: ExtenderService, cluster: InM
     assert filtered.status_code == 200 and filtered.json()["NodeNames"] == ["nv-node", "pcie-node"]
     scores = http.post("/prioritize", json=body).json()
     best = max(scores, key=lambda s: s["Score"])["Host"]
-    bound = http.post("/bind", json={"PodName": "web", "PodNamespace": "ml", "PodUID": pod["metadata"]["uid"], "Node": best})
+    bound = http.post(
+        "/bind", json={"PodName": "web", "PodNamespace": "ml", "PodUID": pod["metadata"]["uid"], "Node": best}
+    )
     assert bound.status_code == 200 and bound.json() == {"Error": ""}
 
 
@@ -38,7 +40,10 @@ def test_health_readiness_and_metrics(service: ExtenderService) -> None:
     service.filter(filter_args(gpu_pod(gpus=1), ["nv-node", "bare-node"]))
     text = http.get("/metrics").text
     assert "linkpack_extender_request_seconds_bucket" in text
-    assert 'linkpack_extender_decisions_total{outcome="unresolvable",reason="node has no GPU topology record",verb="filter"}' in text
+    assert (
+        'linkpack_extender_decisions_total{outcome="unresolvable",reason="node has no GPU topology record",verb="filter"}'
+        in text
+    )
     assert 'linkpack_gpus{model="NVIDIA H100 80GB HBM3",node="nv-node",state="free"} 8.0' in text
 
 

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -36,11 +37,13 @@ def chromium() -> str:
         pytest.fail(f"headless Chromium is required for this test: {exc}")
 
 
-def _bind(service: ExtenderService, cluster: InMemoryCluster, pod: dict) -> None:
+def _bind(service: ExtenderService, cluster: InMemoryCluster, pod: dict[str, Any]) -> None:
     created = cluster.create_pod(pod)
     assert service.filter(filter_args(created, [NODE]))["NodeNames"] == [NODE]
     meta = created["metadata"]
-    reply = service.bind({"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": NODE})
+    reply = service.bind(
+        {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": NODE}
+    )
     assert reply == {"Error": ""}
 
 
@@ -57,7 +60,9 @@ def test_the_node_page_renders_in_chromium(
     shot = tmp_path / "node.png"
     with serve(app) as base:
         url = f"{base}/debug/topology/{NODE}"
-        painted = run_chromium(chromium, url, ["--screenshot=" + str(shot), "--window-size=1400,1000"], tmp_path / "p1")
+        painted = run_chromium(
+            chromium, url, ["--screenshot=" + str(shot), "--window-size=1400,1000"], tmp_path / "p1"
+        )
         dom = run_chromium(chromium, url, ["--dump-dom"], tmp_path / "p2")
     assert painted.returncode == 0, painted.stderr[-2000:]
     assert dom.returncode == 0, dom.stderr[-2000:]

@@ -78,3 +78,34 @@ def test_resource_names_are_configurable() -> None:
     pod["spec"]["containers"][0]["resources"]["limits"] = {"example.com/gpu": "2"}
     parsed = read_pod_request(pod, cfg)
     assert isinstance(parsed, PodRequest) and parsed.request == WholeGpus(2)
+
+
+def test_a_memory_only_share_is_refused_with_the_fix() -> None:
+    """Only share units reach the device plugin; memory alone would leave the container without a GPU."""
+    parsed = read_pod_request(gpu_pod(memory=4096), CONFIG)
+    assert isinstance(parsed, RequestError)
+    assert "needs at least 1 nvidia.com/gpu.shared unit" in parsed.message
+
+
+def test_quantities_come_back_from_the_api_server_in_canonical_form() -> None:
+    """The API server rewrites 900000 as "900k"; 1024 MiB may arrive as "1Ki"; both are whole numbers."""
+    from extender.pod_requests import parse_quantity
+
+    assert parse_quantity("900k") == 900_000
+    assert parse_quantity("1Ki") == 1024
+    assert parse_quantity("2e3") == 2000
+    assert parse_quantity("1500m") * 2 == 3
+    pod = gpu_pod()
+    pod["spec"]["containers"][0]["resources"]["limits"] = {
+        "nvidia.com/gpu.shared": "25",
+        "nvidia.com/gpu.memory": "900k",
+    }
+    parsed = read_pod_request(pod, CONFIG)
+    assert isinstance(parsed, PodRequest) and parsed.request == GpuShare(memory_mib=900_000, units=25)
+
+
+def test_a_quantity_that_is_not_one_is_named() -> None:
+    pod = gpu_pod()
+    pod["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "two"}
+    parsed = read_pod_request(pod, CONFIG)
+    assert isinstance(parsed, RequestError) and "is not a resource quantity" in parsed.message

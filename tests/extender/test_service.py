@@ -20,9 +20,9 @@ NODES = ["nv-node", "pcie-node", "bare-node"]
 def _bind(service: ExtenderService, cluster: InMemoryCluster, pod: dict, node: str) -> str:
     created = cluster.create_pod(pod)
     meta = created["metadata"]
-    return service.bind({"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node})[
-        "Error"
-    ]
+    return service.bind(
+        {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node}
+    )["Error"]
 
 
 def test_a_node_without_topology_record_is_unresolvable(service: ExtenderService) -> None:
@@ -47,7 +47,10 @@ def test_an_unknown_policy_fails_every_node_with_the_reason(service: ExtenderSer
 
 
 def test_a_four_gpu_pod_prefers_the_nvswitch_node(service: ExtenderService) -> None:
-    scores = {p["Host"]: p["Score"] for p in service.prioritize(filter_args(gpu_pod(gpus=4), ["nv-node", "pcie-node"]))}
+    scores = {
+        p["Host"]: p["Score"]
+        for p in service.prioritize(filter_args(gpu_pod(gpus=4), ["nv-node", "pcie-node"]))
+    }
     assert scores["nv-node"] > scores["pcie-node"]
 
 
@@ -65,14 +68,18 @@ def test_bind_records_the_allocation_on_the_pod_and_in_the_ledger(
     assert cluster.read_ledger("pcie-node").by_uid()[pod.view.uid].allocation == allocation
 
 
-def test_the_node_fills_up_and_then_filter_says_why(service: ExtenderService, cluster: InMemoryCluster) -> None:
+def test_the_node_fills_up_and_then_filter_says_why(
+    service: ExtenderService, cluster: InMemoryCluster
+) -> None:
     for i in range(4):
         assert _bind(service, cluster, gpu_pod(f"p{i}", gpus=2), "nv-node") == ""
     result = service.filter(filter_args(gpu_pod(gpus=1), ["nv-node"]))
     assert result["FailedNodes"]["nv-node"].startswith("too few free GPUs")
 
 
-def test_a_failed_binding_rolls_the_allocation_back(service: ExtenderService, cluster: InMemoryCluster) -> None:
+def test_a_failed_binding_rolls_the_allocation_back(
+    service: ExtenderService, cluster: InMemoryCluster
+) -> None:
     cluster.fail_next_bind = "apiserver unavailable"
     error = _bind(service, cluster, gpu_pod("unlucky", gpus=8), "nv-node")
     assert "apiserver unavailable" in error
@@ -82,16 +89,21 @@ def test_a_failed_binding_rolls_the_allocation_back(service: ExtenderService, cl
 
 def test_binding_a_recreated_pod_is_refused(service: ExtenderService, cluster: InMemoryCluster) -> None:
     cluster.create_pod(gpu_pod("same-name", gpus=1))
-    error = service.bind({"PodName": "same-name", "PodNamespace": "ml", "PodUID": "old-uid", "Node": "nv-node"})["Error"]
+    error = service.bind(
+        {"PodName": "same-name", "PodNamespace": "ml", "PodUID": "old-uid", "Node": "nv-node"}
+    )["Error"]
     assert "was re-created" in error
     assert cluster.read_ledger("nv-node").entries == ()
 
 
-def test_shares_pack_onto_one_gpu_before_opening_another(service: ExtenderService, cluster: InMemoryCluster) -> None:
+def test_shares_pack_onto_one_gpu_before_opening_another(
+    service: ExtenderService, cluster: InMemoryCluster
+) -> None:
     for i in range(4):
         assert _bind(service, cluster, gpu_pod(f"s{i}", units=25, memory=8192), "nv-node") == ""
     gpus = {
-        decode_allocation(p["metadata"]["annotations"][ALLOCATION_ANNOTATION]).gpu_indices for p in cluster.pods()
+        decode_allocation(p["metadata"]["annotations"][ALLOCATION_ANNOTATION]).gpu_indices
+        for p in cluster.pods()
     }
     assert len(gpus) == 1
 
@@ -108,7 +120,9 @@ def test_concurrent_binders_never_overallocate(config: ExtenderConfig, cluster: 
         for p in batch:
             m = p["metadata"]
             errors.append(
-                svc.bind({"PodName": m["name"], "PodNamespace": "ml", "PodUID": m["uid"], "Node": "nv-node"})["Error"]
+                svc.bind({"PodName": m["name"], "PodNamespace": "ml", "PodUID": m["uid"], "Node": "nv-node"})[
+                    "Error"
+                ]
             )
 
     threads = [threading.Thread(target=work, args=(services[i % 2], pods[i::2])) for i in range(2)]
@@ -155,7 +169,9 @@ def test_a_reservation_that_never_binds_expires(service: ExtenderService, cluste
     uid = created["metadata"]["uid"]
     grant = GpuGrant(0, "GPU-h100-0000", True)
     ledger = cluster.read_ledger("nv-node")
-    cluster.write_ledger(ledger.with_entry(LedgerEntry(uid, "ml", "orphan", Allocation("nv-node", (grant,)), 1000.0)))
+    cluster.write_ledger(
+        ledger.with_entry(LedgerEntry(uid, "ml", "orphan", Allocation("nv-node", (grant,)), 1000.0))
+    )
     assert reconcile_once(service, now=1000.0 + 10) == 0
     assert reconcile_once(service, now=1000.0 + service.config.reservation_timeout_s + 1) == 1
     assert cluster.read_ledger("nv-node").entries == ()

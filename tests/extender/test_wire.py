@@ -76,7 +76,12 @@ def test_priorities_are_clamped_to_the_extender_range() -> None:
 
 def test_bind_args_and_result_use_go_field_names() -> None:
     args = parse_binding_args(GOLDEN_BIND_ARGS)
-    assert (args.pod_name, args.pod_namespace, args.pod_uid, args.node) == ("train-0", "ml", "5f1c0e2a", "gpu-a")
+    assert (args.pod_name, args.pod_namespace, args.pod_uid, args.node) == (
+        "train-0",
+        "ml",
+        "5f1c0e2a",
+        "gpu-a",
+    )
     assert binding_result() == {"Error": ""}
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
-from node_agent.kube import AgentEvent, KubeError, PodInfo, TopologyRecord
+from node_agent.kube import AgentEvent, KubeConflict, KubeError, KubeNotFound, PodInfo, TopologyRecord
 from topology.catalog import MACHINES, load_machine, topo_dir
 from topology.model import NodeTopology
 
@@ -20,7 +22,11 @@ def machine(name: str) -> NodeTopology:
 
 
 class FakeCluster:
-    """`ClusterApi` in memory, recording every write; `fail_next` makes the next call fail."""
+    """`ClusterApi` in memory, recording every write; `fail_next` makes the next call fail.
+
+    Pod annotation patches check the resourceVersion precondition like the API server and bump
+    it; `before_pod_patch` runs first (to play a concurrent writer).
+    """
 
     def __init__(self, node: str = "n1") -> None:
         self.node_annotations: dict[str, str] = {}
@@ -32,6 +38,9 @@ class FakeCluster:
         self.spec_writes = 0
         self.status_writes = 0
         self.fail_next = False
+        self.pod_reads = 0
+        self.pod_patches: list[tuple[str, str, dict[str, str | None], str]] = []
+        self.before_pod_patch: Callable[[], None] | None = None
 
     def _maybe_fail(self, what: str) -> None:
         if self.fail_next:
@@ -71,10 +80,38 @@ class FakeCluster:
         self._maybe_fail("list pods")
         return tuple(self.pods)
 
+    def get_pod(self, namespace: str, name: str) -> PodInfo | None:
+        self._maybe_fail("get pod")
+        self.pod_reads += 1
+        return next((p for p in self.pods if (p.namespace, p.name) == (namespace, name)), None)
+
     def patch_pod_annotations(
         self, namespace: str, name: str, changes: Mapping[str, str | None], resource_version: str
     ) -> PodInfo:
-        raise NotImplementedError
+        self._maybe_fail("patch pod")
+        self.pod_patches.append((namespace, name, dict(changes), resource_version))
+        if self.before_pod_patch is not None:
+            self.before_pod_patch()
+        current = self.get_pod(namespace, name)
+        self.pod_reads -= 1
+        if current is None:
+            raise KubeNotFound(f"patch pod {namespace}/{name}: HTTP 404 Not Found", 404)
+        if resource_version and resource_version != current.resource_version:
+            raise KubeConflict(f"patch pod {namespace}/{name}: HTTP 409 Conflict", 409)
+        annotations = dict(current.annotations)
+        for key, value in changes.items():
+            if value is None:
+                annotations.pop(key, None)
+            else:
+                annotations[key] = value
+        return self.replace_pod(current, annotations=MappingProxyType(annotations))
+
+    def replace_pod(self, pod: PodInfo, **changes: Any) -> PodInfo:
+        """Store a changed copy of `pod` under a new resourceVersion (what any write does)."""
+        version = str(int(pod.resource_version or "0") + 1)
+        new = dataclasses.replace(pod, resource_version=version, **changes)
+        self.pods = [new if p is pod else p for p in self.pods]
+        return new
 
     def emit_event(self, event: AgentEvent) -> None:
         self._maybe_fail("event")

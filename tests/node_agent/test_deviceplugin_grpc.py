@@ -1,17 +1,14 @@
 """The plugin servers over real unix-socket gRPC, driven by the generated v1beta1 client stubs.
 
-A small fake kubelet serves Registration and, like the real one, dials the plugin back and asks
-for its options before Register returns.
+A small fake kubelet (fake_kubelet.py) serves Registration and, like the real one, dials the
+plugin back and asks for its options before Register returns.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -26,58 +23,9 @@ from node_agent.deviceplugin.ledger import InMemoryPodLedger
 from node_agent.deviceplugin.server import DevicePlugins, PluginConfig, start_device_plugins
 
 from .builders import inventory, pod, share, uuid, whole
+from .fake_kubelet import FakeKubelet, wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class FakeKubelet:
-    """Registration on <dir>/kubelet.sock; records requests and checks the plugin answers."""
-
-    def __init__(self, plugin_dir: Path) -> None:
-        self.plugin_dir = plugin_dir
-        self.registered: list[api.RegisterRequest] = []
-        self.options: list[api.DevicePluginOptions] = []
-        self._server: grpc.Server | None = None
-
-    def Register(self, request, context):
-        with grpc.insecure_channel(f"unix://{self.plugin_dir / request.endpoint}") as channel:
-            options = api_grpc.DevicePluginStub(channel).GetDevicePluginOptions(api.Empty(), timeout=5)
-        self.options.append(options)
-        self.registered.append(request)
-        return api.Empty()
-
-    def start(self) -> None:
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        api_grpc.add_RegistrationServicer_to_server(self, self._server)
-        self._server.add_insecure_port(f"unix://{self.plugin_dir / 'kubelet.sock'}")
-        self._server.start()
-
-    def restart(self) -> None:
-        """What a kubelet restart looks like to a plugin: every socket removed, kubelet.sock recreated."""
-        if self._server is not None:
-            self._server.stop(grace=None).wait()
-        for sock in self.plugin_dir.glob("*.sock"):
-            sock.unlink()
-        self.start()
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop(grace=None).wait()
-
-
-def wait_until(predicate, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
-
-
-@pytest.fixture
-def plugin_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="lp-dp-", dir="/tmp"))  # unix socket paths must stay short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

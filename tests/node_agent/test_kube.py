@@ -214,3 +214,14 @@ def test_bad_kubeconfig_is_a_kube_error(tmp_path):
     missing = tmp_path / "nope"
     with pytest.raises(KubeError, match="cannot load Kubernetes credentials"):
         KubernetesClusterApi.from_config("n1", str(missing))
+
+
+def test_get_pod_reads_one_pod_and_a_missing_one_is_none():
+    api = _api(core={"read_namespaced_pod": [POD, ApiException(status=404, reason="Not Found")]})
+    pod = api.get_pod("ml", "train-0")
+    assert pod is not None and pod.uid == "u-1" and pod.resource_version == "812"
+    assert api._core.calls[0][:2] == ("read_namespaced_pod", ("train-0", "ml"))
+    assert api.get_pod("ml", "gone") is None
+    failing = _api(core={"read_namespaced_pod": [ApiException(status=403, reason="Forbidden")]})
+    with pytest.raises(KubeError, match="get pod ml/p: HTTP 403"):
+        failing.get_pod("ml", "p")

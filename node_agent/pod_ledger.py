@@ -1,0 +1,154 @@
+"""The device plugin's `PodLedger` over the Kubernetes API (`ClusterApi`).
+
+Reads are always fresh (a field-selected list of this node's pods); writes are merge patches of
+the pod's annotations with a resourceVersion precondition, so a record is only written over
+the very version whose generation was checked. On a conflict the pod is read again and the
+generation checked again, a bounded number of times.
+
+The last listing is remembered per pod: the first write attempt uses its resourceVersion, so
+the common case costs one PATCH. A stale remembered version only costs a conflict and a re-read.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+
+from node_agent.deviceplugin.ledger import BoundPod, ContainerDemand, LedgerError, PodRef
+from node_agent.kube import ClusterApi, ContainerRequests, KubeConflict, KubeError, KubeNotFound, PodInfo
+from topology.allocation import (
+    ALLOCATION_ANNOTATION,
+    CONSUMED_ANNOTATION,
+    Allocation,
+    AllocationError,
+    Consumption,
+    decode_allocation,
+    encode_allocation,
+    encode_consumption,
+)
+
+log = logging.getLogger("node_agent.ledger")
+
+DEFAULT_WRITE_ATTEMPTS = 5
+
+
+def bound_pod(pod: PodInfo) -> BoundPod:
+    """The device plugin's view of a pod: init containers first (sidecars count as app
+    containers, `init=False`), then app containers, each in spec order."""
+    containers = tuple(_demand(c, init=not c.sidecar) for c in pod.init_containers) + tuple(
+        _demand(c, init=False) for c in pod.containers
+    )
+    return BoundPod(
+        ref=PodRef(pod.namespace, pod.name, pod.uid),
+        bound_at=_epoch(pod.bound_at),
+        containers=containers,
+        annotations=pod.annotations,
+    )
+
+
+def record_generation(annotations: Mapping[str, str]) -> int | None:
+    """The generation of the pod's allocation record; None when it has none or it is unreadable."""
+    text = annotations.get(ALLOCATION_ANNOTATION)
+    if text is None:
+        return None
+    try:
+        return decode_allocation(text).generation
+    except AllocationError:
+        return None
+
+
+class KubePodLedger:
+    """`PodLedger` for the pods bound to `node`. Thread-safe."""
+
+    def __init__(self, cluster: ClusterApi, node: str, *, write_attempts: int = DEFAULT_WRITE_ATTEMPTS):
+        if write_attempts < 1:
+            raise ValueError(f"write_attempts must be positive, got {write_attempts}")
+        self._cluster = cluster
+        self._node = node
+        self._attempts = write_attempts
+        self._lock = threading.Lock()
+        self._seen: dict[str, PodInfo] = {}  # by uid, from the last listing or write
+
+    def list_bound_pods_on_node(self) -> Sequence[BoundPod]:
+        try:
+            pods = self._cluster.list_node_pods(self._node)
+        except KubeError as exc:
+            raise LedgerError(f"cannot list the pods of node {self._node}: {exc}") from exc
+        current = [p for p in pods if not p.finished and p.node_name in (self._node, "")]
+        with self._lock:
+            self._seen = {p.uid: p for p in current}
+        return tuple(bound_pod(p) for p in current)
+
+    def mark_consumed(self, pod: PodRef, consumption: Consumption) -> bool:
+        encoded = encode_consumption(consumption)
+        return self._patch("mark consumed", pod, consumption.generation, {CONSUMED_ANNOTATION: encoded})
+
+    def rewrite_allocation(
+        self, pod: PodRef, replaces_generation: int, allocation: Allocation, consumption: Consumption | None
+    ) -> bool:
+        changes: dict[str, str | None] = {
+            ALLOCATION_ANNOTATION: encode_allocation(allocation),
+            CONSUMED_ANNOTATION: encode_consumption(consumption) if consumption is not None else None,
+        }
+        return self._patch("rewrite allocation of", pod, replaces_generation, changes)
+
+    # ------------------------------------------------------------------ writing
+
+    def _patch(self, what: str, ref: PodRef, generation: int, changes: Mapping[str, str | None]) -> bool:
+        """Patch while the record has `generation`; False when the pod is gone or its record moved on."""
+        with self._lock:
+            current: PodInfo | None = self._seen.get(ref.uid)
+        for attempt in range(self._attempts):
+            if current is None or attempt > 0:
+                current = self._read(what, ref)
+            if current is None or current.uid != ref.uid:
+                return False  # deleted (perhaps recreated under the same name)
+            written = all(current.annotations.get(k) == v for k, v in changes.items())
+            holds = record_generation(current.annotations) == generation
+            if written and (holds or ALLOCATION_ANNOTATION in changes):
+                return True  # already there (an earlier attempt whose answer was lost)
+            if not holds:
+                return False
+            try:
+                patched = self._cluster.patch_pod_annotations(
+                    ref.namespace, ref.name, changes, current.resource_version
+                )
+            except KubeConflict:
+                log.debug(
+                    "%s %s: resourceVersion %s moved on; reading again", what, ref, current.resource_version
+                )
+                continue
+            except KubeNotFound:
+                return False
+            except KubeError as exc:
+                raise LedgerError(f"{what} {ref}: {exc}") from exc
+            self._remember(patched)
+            return True
+        raise LedgerError(f"{what} {ref}: the pod kept changing ({self._attempts} conflicting attempts)")
+
+    def _read(self, what: str, ref: PodRef) -> PodInfo | None:
+        try:
+            pod = self._cluster.get_pod(ref.namespace, ref.name)
+        except KubeError as exc:
+            raise LedgerError(f"{what} {ref}: {exc}") from exc
+        if pod is not None:
+            self._remember(pod)
+        return pod
+
+    def _remember(self, pod: PodInfo) -> None:
+        with self._lock:
+            self._seen[pod.uid] = pod
+
+
+def _demand(container: ContainerRequests, init: bool) -> ContainerDemand:
+    return ContainerDemand(container.name, container.resources, init)
+
+
+def _epoch(when: dt.datetime | None) -> float:
+    if when is None:
+        return 0.0
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()

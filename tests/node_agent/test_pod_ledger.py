@@ -1,0 +1,301 @@
+"""KubePodLedger: the device plugin's PodLedger over ClusterApi, against an in-memory cluster."""
+
+from __future__ import annotations
+
+import datetime as dt
+from types import MappingProxyType
+
+import pytest
+
+from node_agent.deviceplugin.broker import AllocationBroker
+from node_agent.deviceplugin.inventory import WHOLE_GPU_RESOURCE
+from node_agent.deviceplugin.ledger import LedgerError, PodRef
+from node_agent.kube import ContainerRequests, PodInfo, pod_from_dict
+from node_agent.pod_ledger import KubePodLedger, bound_pod, record_generation
+from topology.allocation import (
+    ALLOCATION_ANNOTATION,
+    CONSUMED_ANNOTATION,
+    Allocation,
+    Consumption,
+    decode_allocation,
+    decode_consumption,
+    encode_allocation,
+    encode_consumption,
+)
+
+from .builders import inventory, uuid, whole
+from .machines import FakeCluster
+
+NODE = "node-a"
+T0 = dt.datetime(2024, 5, 1, 10, 0, 0, tzinfo=dt.UTC)
+GPU = WHOLE_GPU_RESOURCE
+
+
+def _record(*indices: int, generation: int = 1) -> str:
+    return encode_allocation(
+        Allocation(NODE, whole(*indices), generation=generation, resources=((GPU, len(indices)),))
+    )
+
+
+def _pod(
+    name: str,
+    gpus: int = 1,
+    *,
+    record: str | None = None,
+    phase: str = "Running",
+    node: str = NODE,
+    init: tuple[ContainerRequests, ...] = (),
+    scheduled_at: dt.datetime | None = T0,
+    created: dt.datetime | None = T0 - dt.timedelta(seconds=5),
+    rv: str = "10",
+) -> PodInfo:
+    annotations = {ALLOCATION_ANNOTATION: record} if record is not None else {}
+    return PodInfo(
+        namespace="ml",
+        name=name,
+        uid=f"uid-{name}",
+        resource_version=rv,
+        node_name=node,
+        phase=phase,
+        annotations=MappingProxyType(annotations),
+        containers=(ContainerRequests("main", ((GPU, gpus),)),),
+        created=created,
+        init_containers=init,
+        scheduled_at=scheduled_at,
+    )
+
+
+def _ref(name: str) -> PodRef:
+    return PodRef("ml", name, f"uid-{name}")
+
+
+def _cluster(*pods: PodInfo) -> FakeCluster:
+    cluster = FakeCluster(NODE)
+    cluster.pods = list(pods)
+    return cluster
+
+
+def _stored(cluster: FakeCluster, name: str) -> PodInfo:
+    pod = cluster.get_pod("ml", name)
+    assert pod is not None
+    return pod
+
+
+CONSUMED = Consumption(1, ("main",), (uuid(0),))
+
+
+# ---------------------------------------------------------------------- translation
+
+
+def test_pod_translation_reads_init_containers_sidecars_and_the_scheduled_time() -> None:
+    pod = pod_from_dict(
+        {
+            "metadata": {"name": "p", "namespace": "ml", "uid": "u", "creationTimestamp": "2024-05-01T09:59:00Z"},
+            "spec": {
+                "nodeName": NODE,
+                "initContainers": [
+                    {"name": "warm", "resources": {"limits": {GPU: "2"}}},
+                    {"name": "proxy", "restartPolicy": "Always", "resources": {"limits": {GPU: "1"}}},
+                ],
+                "containers": [{"name": "main", "resources": {"limits": {GPU: "1"}}}],
+            },
+            "status": {
+                "phase": "Pending",
+                "conditions": [
+                    {"type": "Initialized", "status": "True", "lastTransitionTime": "2024-05-01T10:00:09Z"},
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2024-05-01T10:00:00Z"},
+                ],
+            },
+        }
+    )
+    assert [(c.name, c.sidecar) for c in pod.init_containers] == [("warm", False), ("proxy", True)]
+    assert pod.init_containers[0].resources == ((GPU, 2),)
+    assert pod.scheduled_at == T0 and pod.bound_at == T0
+    assert pod.requested(GPU) == 1  # app containers only
+    unscheduled = pod_from_dict({"metadata": {"creationTimestamp": "2024-05-01T10:00:00Z"}, "status": {}})
+    assert unscheduled.scheduled_at is None and unscheduled.bound_at == T0 and unscheduled.init_containers == ()
+
+
+def test_bound_pod_puts_init_containers_first_and_sidecars_as_app_containers() -> None:
+    init = (
+        ContainerRequests("warm", ((GPU, 2),)),
+        ContainerRequests("proxy", ((GPU, 1),), restart_policy="Always"),
+    )
+    bound = bound_pod(_pod("p", init=init, record=_record(0)))
+    assert [(c.name, c.init) for c in bound.containers] == [("warm", True), ("proxy", False), ("main", False)]
+    assert bound.ref == _ref("p") and bound.bound_at == T0.timestamp()
+    assert bound.annotations[ALLOCATION_ANNOTATION] == _record(0)
+
+
+def test_bound_at_falls_back_to_the_creation_time_then_zero() -> None:
+    assert bound_pod(_pod("p", scheduled_at=None)).bound_at == (T0 - dt.timedelta(seconds=5)).timestamp()
+    assert bound_pod(_pod("p", scheduled_at=None, created=None)).bound_at == 0.0
+    naive = dt.datetime(2024, 5, 1, 10, 0, 0)
+    assert bound_pod(_pod("p", scheduled_at=naive)).bound_at == T0.timestamp()  # read as UTC
+
+
+def test_record_generation_of_missing_and_unreadable_records() -> None:
+    assert record_generation({ALLOCATION_ANNOTATION: _record(0, generation=3)}) == 3
+    assert record_generation({}) is None
+    assert record_generation({ALLOCATION_ANNOTATION: "{not json"}) is None
+
+
+# ---------------------------------------------------------------------- listing
+
+
+def test_listing_skips_finished_pods_and_pods_of_other_nodes() -> None:
+    cluster = _cluster(
+        _pod("running", record=_record(0)),
+        _pod("pending", phase="Pending"),
+        _pod("done", phase="Succeeded"),
+        _pod("failed", phase="Failed"),
+        _pod("elsewhere", node="node-b"),
+    )
+    pods = KubePodLedger(cluster, NODE).list_bound_pods_on_node()
+    assert [p.ref.name for p in pods] == ["running", "pending"]
+
+
+def test_a_failed_listing_is_a_ledger_error() -> None:
+    cluster = _cluster(_pod("p"))
+    cluster.fail_next = True
+    with pytest.raises(LedgerError, match=r"cannot list the pods of node node-a.*HTTP 500"):
+        KubePodLedger(cluster, NODE).list_bound_pods_on_node()
+
+
+# ---------------------------------------------------------------------- writing
+
+
+def test_mark_consumed_patches_once_with_the_listed_resource_version() -> None:
+    cluster = _cluster(_pod("p", record=_record(0), rv="41"))
+    ledger = KubePodLedger(cluster, NODE)
+    ledger.list_bound_pods_on_node()
+    assert ledger.mark_consumed(_ref("p"), CONSUMED) is True
+    assert [(p[1], p[3]) for p in cluster.pod_patches] == [("p", "41")]
+    assert cluster.pod_reads == 0
+    stored = _stored(cluster, "p")
+    assert decode_consumption(stored.annotations[CONSUMED_ANNOTATION]) == CONSUMED
+    assert stored.annotations[ALLOCATION_ANNOTATION] == _record(0)
+
+
+def test_mark_consumed_without_a_listing_reads_the_pod_first() -> None:
+    cluster = _cluster(_pod("p", record=_record(0)))
+    assert KubePodLedger(cluster, NODE).mark_consumed(_ref("p"), CONSUMED) is True
+    assert cluster.pod_reads == 1 and len(cluster.pod_patches) == 1
+
+
+def test_a_conflict_is_read_again_and_retried() -> None:
+    cluster = _cluster(_pod("p", record=_record(0)))
+    ledger = KubePodLedger(cluster, NODE)
+    ledger.list_bound_pods_on_node()
+    cluster.replace_pod(_stored(cluster, "p"), phase="Running")  # someone else wrote: rv moved on
+    assert ledger.mark_consumed(_ref("p"), CONSUMED) is True
+    assert [p[3] for p in cluster.pod_patches] == ["10", "11"]
+    assert CONSUMED_ANNOTATION in _stored(cluster, "p").annotations
+
+
+def test_a_record_rewritten_meanwhile_is_not_marked() -> None:
+    cluster = _cluster(_pod("p", record=_record(0)))
+    ledger = KubePodLedger(cluster, NODE)
+    ledger.list_bound_pods_on_node()
+
+    def rewrite() -> None:
+        cluster.before_pod_patch = None
+        pod = _stored(cluster, "p")
+        cluster.replace_pod(pod, annotations=MappingProxyType({ALLOCATION_ANNOTATION: _record(1, generation=2)}))
+
+    cluster.before_pod_patch = rewrite
+    assert ledger.mark_consumed(_ref("p"), CONSUMED) is False
+    assert len(cluster.pod_patches) == 1  # the re-read saw generation 2 and stopped
+    assert CONSUMED_ANNOTATION not in _stored(cluster, "p").annotations
+
+
+def test_wrong_generation_missing_pod_and_recreated_pod_are_moot() -> None:
+    cluster = _cluster(_pod("p", record=_record(0, generation=2)), _pod("no-record"))
+    ledger = KubePodLedger(cluster, NODE)
+    ledger.list_bound_pods_on_node()
+    assert ledger.mark_consumed(_ref("p"), CONSUMED) is False  # generation 2 != 1
+    assert ledger.mark_consumed(_ref("no-record"), CONSUMED) is False
+    assert ledger.mark_consumed(_ref("gone"), CONSUMED) is False
+    assert cluster.pod_patches == []
+    twin = _pod("twin", record=_record(0))
+    cluster.pods.append(twin)
+    ledger.list_bound_pods_on_node()
+    cluster.pods = [PodInfo(**{**_fields(twin), "uid": "uid-new", "resource_version": "99"})]
+    assert ledger.mark_consumed(_ref("twin"), CONSUMED) is False  # conflict, re-read: another pod
+    assert CONSUMED_ANNOTATION not in cluster.pods[0].annotations
+
+
+def test_a_pod_deleted_before_the_patch_is_moot() -> None:
+    cluster = _cluster(_pod("p", record=_record(0)))
+    ledger = KubePodLedger(cluster, NODE)
+    ledger.list_bound_pods_on_node()
+    cluster.pods = []
+    assert ledger.mark_consumed(_ref("p"), CONSUMED) is False
+
+
+def test_an_already_written_consumption_is_not_written_again() -> None:
+    annotations = {ALLOCATION_ANNOTATION: _record(0), CONSUMED_ANNOTATION: encode_consumption(CONSUMED)}
+    pod = PodInfo(**{**_fields(_pod("p")), "annotations": MappingProxyType(annotations)})
+    cluster = _cluster(pod)
+    ledger = KubePodLedger(cluster, NODE)
+    ledger.list_bound_pods_on_node()
+    assert ledger.mark_consumed(_ref("p"), CONSUMED) is True and cluster.pod_patches == []
+
+
+def test_endless_conflicts_give_up_with_a_ledger_error() -> None:
+    cluster = _cluster(_pod("p", record=_record(0)))
+    ledger = KubePodLedger(cluster, NODE, write_attempts=3)
+    ledger.list_bound_pods_on_node()
+    cluster.before_pod_patch = lambda: cluster.replace_pod(_stored(cluster, "p"))
+    with pytest.raises(LedgerError, match=r"kept changing \(3 conflicting attempts\)"):
+        ledger.mark_consumed(_ref("p"), CONSUMED)
+    assert len(cluster.pod_patches) == 3
+
+
+def test_api_failures_are_ledger_errors() -> None:
+    cluster = _cluster(_pod("p", record=_record(0)))
+    ledger = KubePodLedger(cluster, NODE)
+    cluster.fail_next = True  # the read
+    with pytest.raises(LedgerError, match="mark consumed ml/p: get pod: HTTP 500"):
+        ledger.mark_consumed(_ref("p"), CONSUMED)
+    ledger.list_bound_pods_on_node()
+    cluster.fail_next = True  # the patch
+    with pytest.raises(LedgerError, match="patch pod: HTTP 500"):
+        ledger.mark_consumed(_ref("p"), CONSUMED)
+    with pytest.raises(ValueError):
+        KubePodLedger(cluster, NODE, write_attempts=0)
+
+
+def test_rewrite_allocation_replaces_the_record_and_the_consumption_in_one_patch() -> None:
+    annotations = {ALLOCATION_ANNOTATION: _record(0), CONSUMED_ANNOTATION: encode_consumption(CONSUMED)}
+    cluster = _cluster(PodInfo(**{**_fields(_pod("p")), "annotations": MappingProxyType(annotations)}))
+    ledger = KubePodLedger(cluster, NODE)
+    ledger.list_bound_pods_on_node()
+    new = Allocation(NODE, whole(1), generation=2, resources=((GPU, 1),))
+    assert ledger.rewrite_allocation(_ref("p"), 1, new, None) is True
+    stored = _stored(cluster, "p")
+    assert decode_allocation(stored.annotations[ALLOCATION_ANNOTATION]) == new
+    assert CONSUMED_ANNOTATION not in stored.annotations and len(cluster.pod_patches) == 1
+    # replaying the same rewrite (its answer was lost) succeeds without writing
+    assert ledger.rewrite_allocation(_ref("p"), 1, new, None) is True and len(cluster.pod_patches) == 1
+    # another rewrite over generation 1 is moot now
+    other = Allocation(NODE, whole(2), generation=2, resources=((GPU, 1),))
+    assert ledger.rewrite_allocation(_ref("p"), 1, other, Consumption(2, ("main",), (uuid(2),))) is False
+
+
+def test_the_broker_hands_out_and_writes_back_through_the_kube_ledger() -> None:
+    cluster = _cluster(_pod("train", 2, record=_record(2, 3)), _pod("plain"))
+    broker = AllocationBroker(inventory(4), KubePodLedger(cluster, NODE))
+    broker.resync()
+    spec = broker.allocate(GPU, [uuid(0), uuid(1)])
+    assert spec.env("NVIDIA_VISIBLE_DEVICES") == f"{uuid(2)},{uuid(3)}"
+    consumed = decode_consumption(_stored(cluster, "train").annotations[CONSUMED_ANNOTATION])
+    assert consumed.generation == 1 and consumed.containers == ("main",)
+    assert broker.counters.allocations == 1 and broker.counters.id_mismatches == 1
+    cluster.fail_next = True
+    with pytest.raises(LedgerError):
+        broker.reconcile()
+
+
+def _fields(pod: PodInfo) -> dict[str, object]:
+    return {name: getattr(pod, name) for name in PodInfo.__dataclass_fields__}
