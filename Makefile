@@ -30,6 +30,7 @@ imports: $(VENV)/.installed
 	$(VENV)/bin/lint-imports
 
 test: $(VENV)/.installed proto lint typecheck imports
+	$(PY) -m tests.cluster.binaries
 	$(PY) -m pytest -q
 
 bench-placement: $(VENV)/.installed

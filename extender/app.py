@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from extender.debug_routes import register_debug_routes
 from extender.metrics import CONTENT_TYPE
 from extender.service import ExtenderService
 
@@ -49,4 +50,5 @@ def create_app(service: ExtenderService) -> FastAPI:
     def metrics() -> Response:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE)
 
+    register_debug_routes(app, service)
     return app

@@ -7,20 +7,30 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from types import MappingProxyType
 
 import pytest
 
 from node_agent.agent_http import serve_http
-from node_agent.app import Agent, main, simulated_topo_text, start_device_plugins
-from node_agent.config import AgentConfig, parse_args
+from node_agent.app import Agent, DevicePluginContext, main, simulated_topo_text, start_device_plugins
+from node_agent.config import DEFAULT_SHIM_HOST_DIR, AgentConfig, parse_args
+from node_agent.deviceplugin._generated import deviceplugin_pb2 as api
+from node_agent.deviceplugin.inventory import WHOLE_GPU_RESOURCE
 from node_agent.health import CORDON_ANNOTATION
-from node_agent.kube import PodInfo
+from node_agent.kube import ContainerRequests, PodInfo
 from node_agent.metrics import AgentMetrics
 from node_agent.nvml_reader import XidEvent
 from node_agent.nvml_simulated import SimulatedNvml
+from tests.node_agent.fake_kubelet import FakeKubelet, plugin_stub, wait_until
 from tests.node_agent.machines import FakeClock, FakeCluster, machine, topo_text
-from topology.allocation import ALLOCATION_ANNOTATION, Allocation, encode_allocation
+from topology.allocation import (
+    ALLOCATION_ANNOTATION,
+    CONSUMED_ANNOTATION,
+    Allocation,
+    decode_consumption,
+    encode_allocation,
+)
 from topology.workload import GpuGrant
 
 MIB = 1024 * 1024
@@ -273,8 +283,90 @@ def test_simulated_topo_text_for_names_and_files(tmp_path):
     assert simulated_topo_text(str(path)) == "x"
 
 
-def test_device_plugin_hook_is_a_no_op_for_now():
-    assert start_device_plugins.__doc__ and "HOOK" in start_device_plugins.__doc__
+def _context(agent: Agent, sim: SimulatedNvml | None, cluster: FakeCluster | None) -> DevicePluginContext:
+    return DevicePluginContext(agent.config, agent, sim, cluster, threading.Event())
+
+
+def _unhealthy(answer) -> set[str]:
+    return {d.ID for d in answer.devices if d.health == "Unhealthy"}
+
+
+@pytest.mark.timeout(60)
+def test_device_plugins_serve_the_agents_gpus_follow_its_health_and_count(tmp_path, plugin_dir: Path):
+    shim = tmp_path / "host" / "shim"
+    agent, sim, cluster, _ = _agent(
+        tmp_path,
+        device_plugin_dir=str(plugin_dir),
+        pod_resources_socket=None,
+        shim_host_dir=str(shim),
+        units_per_gpu=4,
+    )
+    gpus = agent.topology.gpus
+    record = Allocation("n1", (GpuGrant(6, gpus[6].uuid, True),), resources=((WHOLE_GPU_RESOURCE, 1),))
+    cluster.pods = [
+        PodInfo(
+            "ml",
+            "train",
+            "uid-train",
+            "5",
+            "n1",
+            "Running",
+            MappingProxyType({ALLOCATION_ANNOTATION: encode_allocation(record)}),
+            (ContainerRequests("main", ((WHOLE_GPU_RESOURCE, 1),)),),
+        )
+    ]
+    kubelet = FakeKubelet(plugin_dir)
+    kubelet.start()
+    agent.poll()
+    stop = start_device_plugins(_context(agent, sim, cluster))
+    assert stop is not None
+    try:
+        wait_until(lambda: len(kubelet.registered) == 2)
+        assert sorted(p.name for p in shim.iterdir()) == ["linkpack_shim.py", "sitecustomize.py"]
+        channel, client = plugin_stub(plugin_dir, WHOLE_GPU_RESOURCE)
+        with channel:
+            stream = client.ListAndWatch(api.Empty(), timeout=30)
+            first = next(stream)
+            assert [d.ID for d in first.devices] == [g.uuid for g in gpus] and not _unhealthy(first)
+            sim.inject_xid(3, 79)
+            agent.handle_event(_next_event(sim))
+            assert _unhealthy(next(stream)) == {gpus[3].uuid}
+            cluster.node_annotations[CORDON_ANNOTATION] = gpus[5].uuid
+            agent.poll()
+            assert _unhealthy(next(stream)) == {gpus[3].uuid, gpus[5].uuid}
+            stream.cancel()
+            answer = client.Allocate(
+                api.AllocateRequest(
+                    container_requests=[api.ContainerAllocateRequest(devices_ids=[gpus[6].uuid])]
+                ),
+                timeout=10,
+            )
+        assert answer.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == gpus[6].uuid
+        consumed = decode_consumption(cluster.pods[0].annotations[CONSUMED_ANNOTATION])
+        assert consumed.containers == ("main",) and consumed.device_ids == (gpus[6].uuid,)
+        body, _ = agent.metrics.render()
+        assert b'linkpack_agent_allocations_total{result="granted"} 1.0' in body
+        assert b'linkpack_agent_allocations_total{result="refused"} 0.0' in body
+        assert b"linkpack_agent_device_plugin_resources 2.0" in body
+        assert b"linkpack_agent_device_plugin_registrations_total 2.0" in body
+    finally:
+        stop()
+        kubelet.stop()
+    assert not any(plugin_dir.glob("linkpack-*.sock"))
+
+
+def test_device_plugins_are_off_when_disabled_without_a_cluster_or_a_kubelet(tmp_path):
+    agent, sim, cluster, _ = _agent(tmp_path, device_plugin=False)
+    assert start_device_plugins(_context(agent, sim, cluster)) is None
+    agent, sim, cluster, _ = _agent(
+        tmp_path, device_plugin_dir=str(tmp_path / "no-kubelet"), shim_host_dir=str(tmp_path / "shim")
+    )
+    assert start_device_plugins(_context(agent, sim, None)) is None
+    assert not (tmp_path / "shim").exists()  # nothing is installed for plugins that are off
+    assert start_device_plugins(_context(agent, sim, cluster)) is None  # logged; the agent goes on
+    agent.poll()
+    body, _ = agent.metrics.render()
+    assert b"linkpack_agent_device_plugin_resources 0.0" in body
 
 
 def test_config_parsing():
@@ -286,3 +378,28 @@ def test_config_parsing():
         parse_args(["--xid-severity", "31=bad"], env={})
     with pytest.raises(SystemExit):
         parse_args(["--poll-interval", "0"], env={})
+
+
+def test_device_plugin_flags():
+    default = parse_args([], env={})
+    assert default.device_plugin and default.units_per_gpu == 100 and default.mps_pipe_dir is None
+    assert default.shim_host_dir == DEFAULT_SHIM_HOST_DIR == "/var/lib/linkpack/shim"
+    assert default.device_plugin_dir == "/var/lib/kubelet/device-plugins"
+    assert default.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert not parse_args(["--no-device-plugin"], env={}).device_plugin
+    assert not parse_args(["--no-kube"], env={}).device_plugin  # no records to serve without the API
+    custom = parse_args(
+        [
+            "--device-plugin-dir=/dp",
+            "--pod-resources-socket=",
+            "--units-per-gpu=8",
+            "--shim-host-dir=",
+            "--mps-pipe-dir=/run/mps",
+        ],
+        env={},
+    )
+    assert (custom.device_plugin_dir, custom.pod_resources_socket, custom.units_per_gpu) == ("/dp", None, 8)
+    assert custom.shim_host_dir is None and custom.mps_pipe_dir == "/run/mps"
+    for bad in ("0", "1.5"):
+        with pytest.raises(SystemExit):
+            parse_args(["--units-per-gpu", bad], env={})
