@@ -57,7 +57,8 @@ def _server(args: list[str], log: Path, port: int) -> Iterator[str]:
         proc.wait(timeout=20)
 
 
-def _run(cp: ControlPlane, config: str, pods: int, namespace: str) -> float:
+def _run(cp: ControlPlane, config: str, pods: int, namespace: str) -> tuple[float, int]:
+    """(pods/s until all are bound, nodes left with no pod at all)."""
     core = client.CoreV1Api(cp.api_client())
     for i in range(pods):
         core.create_namespaced_pod(
@@ -81,13 +82,18 @@ def _run(cp: ControlPlane, config: str, pods: int, namespace: str) -> float:
     try:
         while True:
             items = core.list_namespaced_pod(namespace, _preload_content=False)
-            bound = sum(1 for p in json.loads(items.data)["items"] if p["spec"].get("nodeName"))
+            placed = [p["spec"].get("nodeName") for p in json.loads(items.data)["items"]]
+            bound = sum(1 for n in placed if n)
             if bound >= pods:
                 break
             if time.perf_counter() - started > 600:
                 raise RuntimeError(f"only {bound}/{pods} bound after 600 s")
             time.sleep(0.2)
-        return pods / (time.perf_counter() - started)
+        rate = pods / (time.perf_counter() - started)
+        nodes = {
+            n["metadata"]["name"] for n in json.loads(core.list_node(_preload_content=False).data)["items"]
+        }
+        return rate, len(nodes - set(placed))
     finally:
         cp.stop_scheduler()
         core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
@@ -107,36 +113,44 @@ def measure(nodes: int = 300, pods: int = 600) -> dict[str, float]:
             publish_node(cp, name, node_topology(name, "hgx-h100"))
         core = client.CoreV1Api(cp.api_client())
         core.create_namespace({"metadata": {"name": "bench"}})
-        results = {"nodes": nodes, "pods": pods}
-        results["none"] = _run(cp, PLAIN_CONFIG.format(kubeconfig=cp.kubeconfig_path), pods, "bench")
+        results: dict[str, float] = {"nodes": nodes, "pods": pods}
+        results["none"], results["none_empty"] = _run(
+            cp, PLAIN_CONFIG.format(kubeconfig=cp.kubeconfig_path), pods, "bench"
+        )
         with _server(
             ["bench.noop_extender", "--kubeconfig", str(cp.kubeconfig_path)],
             cp.log_dir / "noop.log",
             free_port(),
         ) as url:
-            results["noop"] = _run(cp, scheduler_config(cp, url), pods, "bench")
+            results["noop"], results["noop_empty"] = _run(cp, scheduler_config(cp, url), pods, "bench")
         port = free_port()
         with _server(
             ["extender", "--kubeconfig", str(cp.kubeconfig_path), "--host", "127.0.0.1"],
             cp.log_dir / "ours.log",
             port,
         ) as url:
-            results["ours"] = _run(cp, scheduler_config(cp, url), pods, "bench")
+            config = scheduler_config(cp, url)
+            results["ours"], results["ours_empty"] = _run(cp, config, pods, "bench")
+            adaptive = config.replace("percentageOfNodesToScore: 100", "percentageOfNodesToScore: 0")
+            results["ours_adaptive"], results["ours_adaptive_empty"] = _run(cp, adaptive, pods, "bench")
         return results
 
 
 def render(r: dict[str, float]) -> str:
+    n = int(r["nodes"])
     return "\n".join(
         [
-            f"Real kube-scheduler (pinned release), {int(r['nodes'])} fake 8-GPU nodes (8x H100 NVSwitch topology each), "
-            f"{int(r['pods'])} one-GPU pods created before the scheduler starts; pods/s until all are bound, one run each, "
-            "same machine, same run:",
+            f"Real kube-scheduler (pinned release), {n} fake 8-GPU nodes (8x H100 NVSwitch topology each), "
+            f"{int(r['pods'])} one-GPU pods created before the scheduler starts; pods/s until all are bound, "
+            'one run each, same machine, same run. "Empty nodes" counts nodes left without any pod: the room '
+            "kept for 8-GPU jobs (higher is better packing).",
             "",
-            "| setup | pods/s | ratio to no-op extender | ratio to no extender |",
-            "|---|---:|---:|---:|",
-            f"| no extender | {r['none']:.1f} | - | 1.00 |",
-            f"| no-op extender (FastAPI + uvicorn, filter keeps all, prioritize 0, bind only binds) | {r['noop']:.1f} | 1.00 | {r['noop'] / r['none']:.2f} |",
-            f"| Linkpack extender | {r['ours']:.1f} | {r['ours'] / r['noop']:.2f} | {r['ours'] / r['none']:.2f} |",
+            "| setup | pods/s | ratio to no-op extender | ratio to no extender | empty nodes after |",
+            "|---|---:|---:|---:|---:|",
+            f"| no extender | {r['none']:.1f} | - | 1.00 | {int(r['none_empty'])} |",
+            f"| no-op extender (FastAPI + uvicorn, filter keeps all, prioritize 0, bind only binds) | {r['noop']:.1f} | 1.00 | {r['noop'] / r['none']:.2f} | {int(r['noop_empty'])} |",
+            f"| Linkpack extender, percentageOfNodesToScore 100 (shipped) | {r['ours']:.1f} | {r['ours'] / r['noop']:.2f} | {r['ours'] / r['none']:.2f} | {int(r['ours_empty'])} |",
+            f"| Linkpack extender, percentageOfNodesToScore adaptive (scheduler default) | {r['ours_adaptive']:.1f} | {r['ours_adaptive'] / r['noop']:.2f} | {r['ours_adaptive'] / r['none']:.2f} | {int(r['ours_adaptive_empty'])} |",
             "",
             "Target: ours at least 0.90 of the no-op rate. Reproduce: `make bench-extender` (this part: "
             "`python -m bench.scheduler_throughput`).",

@@ -107,7 +107,9 @@ class Decider:
         if not found.ordered or changed:
             found.ordered = tuple(n for n in key if n in found.passed)
         # copies: the memo keeps changing while callers (the explain log) keep this answer
-        return FilterOutcome(found.ordered, dict(found.failed), dict(found.unresolvable), {}, dict(found.misfits))
+        return FilterOutcome(
+            found.ordered, dict(found.failed), dict(found.unresolvable), {}, dict(found.misfits)
+        )
 
     def _full_filter(
         self, memo: _Memo, key: tuple[str, ...], pod: PodRequest, generation: int

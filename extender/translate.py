@@ -8,13 +8,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from topology.codec import content_hash, decode_topology
-
 from extender.config import ExtenderConfig
 from extender.ledger import LEDGER_PREFIX, Ledger, decode_ledger
 from extender.pod_requests import read_pod_request
 from extender.state import CORDON_ANNOTATION, NodeFacts, PodView, TopologyRecord, parse_cordons
 from topology.allocation import ALLOCATION_ANNOTATION
+from topology.codec import content_hash, decode_topology
 
 
 def node_facts(node: Mapping[str, Any]) -> NodeFacts:
