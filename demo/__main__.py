@@ -12,17 +12,28 @@ import socket
 import sys
 import threading
 import time
+from typing import Any, Protocol
 
 import httpx
 import uvicorn
 
-from demo.cluster import build_cluster
+from demo.cluster import DemoNode, build_cluster
+from demo.real_cluster import RealClusterPods
 from demo.report import Outcome, render_report
 from demo.workload import pod_stream
 from extender.__main__ import handlers_for
 from extender.app import create_app
 from extender.config import ExtenderConfig
+from extender.kube import KubeClusterApi, load_client
 from extender.service import ExtenderService
+
+
+class PodTarget(Protocol):
+    """Where the demo creates its pods and reads them back (embedded or real cluster)."""
+
+    def create_pod(self, manifest: dict[str, Any]) -> dict[str, Any]: ...
+
+    def pods(self) -> list[dict[str, Any]]: ...
 
 
 def _free_port() -> int:
@@ -31,7 +42,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def schedule(http: httpx.Client, pod: dict, nodes: list[str]) -> Outcome:
+def schedule(http: httpx.Client, pod: dict[str, Any], nodes: list[str]) -> Outcome:
     """One scheduling cycle the way kube-scheduler drives an extender."""
     args = {"Pod": pod, "Nodes": None, "NodeNames": nodes}
     filtered = http.post("/filter", json=args).json()
@@ -69,18 +80,48 @@ def _summarise(reasons: dict[str, str], total: int) -> str:
     return f"0/{total} nodes are available: {parts}"
 
 
+def _real_cluster(
+    config: ExtenderConfig, kubeconfig: str
+) -> tuple[ExtenderService, RealClusterPods, list[DemoNode]]:
+    api = KubeClusterApi(load_client(kubeconfig), config)
+    service = ExtenderService(config, api)
+    threading.Thread(target=api.run_watches, args=(handlers_for(service), lambda: False), daemon=True).start()
+    deadline = time.monotonic() + 60
+    while not service.ready():
+        if time.monotonic() > deadline:
+            raise SystemExit("error: the cluster's nodes, pods and topology records did not list within 60 s")
+        time.sleep(0.2)
+    nodes = []
+    for name in service.state.node_names():
+        record = service.state.topology_record(name)
+        if record is not None and record.topology.gpus:
+            t = record.topology
+            nodes.append(DemoNode(name, "(published)", t.gpu_count, t.gpus[0].model, t.sources))
+    return service, RealClusterPods(api.api_client), nodes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
     parser.add_argument("--pods", type=int, default=60, help="how many pods to schedule (default 60)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--port", type=int, default=0, help="extender port (default: a free one)")
     parser.add_argument("--once", action="store_true", help="exit after the report")
+    parser.add_argument(
+        "--kubeconfig",
+        help="use the real cluster of this kubeconfig instead of the embedded one (its GPU nodes must "
+        "have GpuTopology records from the node agent); demo pods go to namespace linkpack-demo",
+    )
     args = parser.parse_args(argv)
 
     config = ExtenderConfig()
-    cluster, nodes = build_cluster(config)
-    service = ExtenderService(config, cluster)
-    cluster.run_watches(handlers_for(service), lambda: True)
+    target: PodTarget
+    if args.kubeconfig:
+        service, target, nodes = _real_cluster(config, args.kubeconfig)
+    else:
+        cluster, nodes = build_cluster(config)
+        service = ExtenderService(config, cluster)
+        cluster.run_watches(handlers_for(service), lambda: True)
+        target = cluster
     port = args.port or _free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning")
@@ -95,14 +136,14 @@ def main(argv: list[str] | None = None) -> int:
                     break
             except httpx.TransportError:
                 time.sleep(0.05)
-        names = [n.name for n in nodes]
+        names = [n.name for n in nodes] or list(service.state.node_names())
         outcomes = []
         started = time.perf_counter()
         for pod in pod_stream(args.pods, args.seed):
-            created = cluster.create_pod(pod)
+            created = target.create_pod(pod)
             outcomes.append(schedule(http, created, names))
         elapsed = time.perf_counter() - started
-    print(render_report(nodes, service, cluster, outcomes, elapsed))
+    print(render_report(nodes, service, target, outcomes, elapsed))
     print(f"\nExtender: {base}  (metrics: {base}/metrics, debug: {base}/debug/topology)")
     if args.once:
         server.should_exit = True

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from demo.cluster import DemoNode
-from extender.memory_api import InMemoryCluster
 from extender.service import ExtenderService
 from topology.allocation import ALLOCATION_ANNOTATION, decode_allocation
 from topology.bandwidth import link_bandwidth
 from topology.fragmentation import node_state_fragmentation
 from topology.model import LinkKind, NodeTopology
 from topology.placement import set_quality
+
+
+class PodSource(Protocol):
+    def pods(self) -> list[dict[str, Any]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +43,7 @@ def _link_word(topology: NodeTopology, gpus: Sequence[int]) -> str:
 def render_report(
     nodes: Sequence[DemoNode],
     service: ExtenderService,
-    cluster: InMemoryCluster,
+    cluster: PodSource,
     outcomes: Sequence[Outcome],
     elapsed_s: float,
 ) -> str:

@@ -75,6 +75,7 @@ def _new_watch() -> Any:
 
 class KubeClusterApi:
     def __init__(self, api_client: client.ApiClient, cfg: ExtenderConfig) -> None:
+        self.api_client = api_client
         self._client = api_client
         # The generated client's annotations describe its model classes; we pass and read raw
         # JSON (see bind), so the API objects are used untyped.
