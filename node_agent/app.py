@@ -84,6 +84,9 @@ def start_device_plugins(context: DevicePluginContext) -> Callable[[], None] | N
     if context.cluster is None:
         log.info("device plugins off: no cluster to read allocation records from")
         return None
+    if not Path(config.device_plugin_dir).is_dir():  # checked first: no shim is installed then
+        log.error("device plugins off: %s is not a directory (is a kubelet here?)", config.device_plugin_dir)
+        return None
     host = DevicePluginHost(
         device_plugin_settings(config, prepare_shim(config.shim_host_dir)),
         KubePodLedger(context.cluster, config.node_name),

@@ -97,17 +97,26 @@ class KubePodLedger:
     # ------------------------------------------------------------------ writing
 
     def _patch(self, what: str, ref: PodRef, generation: int, changes: Mapping[str, str | None]) -> bool:
-        """Patch while the record has `generation`; False when the pod is gone or its record moved on."""
+        """Patch while the record has `generation`; False when the pod is gone or its record moved on.
+
+        Only the patch itself may rest on the remembered copy (its resourceVersion precondition
+        guards it); any answer given without writing is checked against a fresh read first."""
         with self._lock:
             current: PodInfo | None = self._seen.get(ref.uid)
-        for attempt in range(self._attempts):
-            if current is None or attempt > 0:
-                current = self._read(what, ref)
-            if current is None or current.uid != ref.uid:
-                return False  # deleted (perhaps recreated under the same name)
-            written = all(current.annotations.get(k) == v for k, v in changes.items())
+        fresh = False
+        conflicts = 0
+        while conflicts < self._attempts:
+            if current is None:
+                current, fresh = self._read(what, ref), True
+                if current is None or current.uid != ref.uid:
+                    return False  # deleted (perhaps recreated under the same name)
             holds = record_generation(current.annotations) == generation
-            if written and (holds or ALLOCATION_ANNOTATION in changes):
+            written = all(current.annotations.get(k) == v for k, v in changes.items())
+            settled = written and (holds or ALLOCATION_ANNOTATION in changes)
+            if (settled or not holds) and not fresh:
+                current = None  # decided on a remembered copy: confirm with the API
+                continue
+            if settled:
                 return True  # already there (an earlier attempt whose answer was lost)
             if not holds:
                 return False
@@ -119,6 +128,8 @@ class KubePodLedger:
                 log.debug(
                     "%s %s: resourceVersion %s moved on; reading again", what, ref, current.resource_version
                 )
+                conflicts += 1
+                current = None
                 continue
             except KubeNotFound:
                 return False

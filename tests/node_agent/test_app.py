@@ -364,6 +364,7 @@ def test_device_plugins_are_off_when_disabled_without_a_cluster_or_a_kubelet(tmp
     assert start_device_plugins(_context(agent, sim, None)) is None
     assert not (tmp_path / "shim").exists()  # nothing is installed for plugins that are off
     assert start_device_plugins(_context(agent, sim, cluster)) is None  # logged; the agent goes on
+    assert not (tmp_path / "shim").exists()
     agent.poll()
     body, _ = agent.metrics.render()
     assert b"linkpack_agent_device_plugin_resources 0.0" in body

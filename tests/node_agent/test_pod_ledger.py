@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from types import MappingProxyType
 
 import pytest
@@ -90,7 +91,12 @@ CONSUMED = Consumption(1, ("main",), (uuid(0),))
 def test_pod_translation_reads_init_containers_sidecars_and_the_scheduled_time() -> None:
     pod = pod_from_dict(
         {
-            "metadata": {"name": "p", "namespace": "ml", "uid": "u", "creationTimestamp": "2024-05-01T09:59:00Z"},
+            "metadata": {
+                "name": "p",
+                "namespace": "ml",
+                "uid": "u",
+                "creationTimestamp": "2024-05-01T09:59:00Z",
+            },
             "spec": {
                 "nodeName": NODE,
                 "initContainers": [
@@ -113,7 +119,9 @@ def test_pod_translation_reads_init_containers_sidecars_and_the_scheduled_time()
     assert pod.scheduled_at == T0 and pod.bound_at == T0
     assert pod.requested(GPU) == 1  # app containers only
     unscheduled = pod_from_dict({"metadata": {"creationTimestamp": "2024-05-01T10:00:00Z"}, "status": {}})
-    assert unscheduled.scheduled_at is None and unscheduled.bound_at == T0 and unscheduled.init_containers == ()
+    assert (
+        unscheduled.scheduled_at is None and unscheduled.bound_at == T0 and unscheduled.init_containers == ()
+    )
 
 
 def test_bound_pod_puts_init_containers_first_and_sidecars_as_app_containers() -> None:
@@ -201,7 +209,9 @@ def test_a_record_rewritten_meanwhile_is_not_marked() -> None:
     def rewrite() -> None:
         cluster.before_pod_patch = None
         pod = _stored(cluster, "p")
-        cluster.replace_pod(pod, annotations=MappingProxyType({ALLOCATION_ANNOTATION: _record(1, generation=2)}))
+        cluster.replace_pod(
+            pod, annotations=MappingProxyType({ALLOCATION_ANNOTATION: _record(1, generation=2)})
+        )
 
     cluster.before_pod_patch = rewrite
     assert ledger.mark_consumed(_ref("p"), CONSUMED) is False
@@ -220,9 +230,27 @@ def test_wrong_generation_missing_pod_and_recreated_pod_are_moot() -> None:
     twin = _pod("twin", record=_record(0))
     cluster.pods.append(twin)
     ledger.list_bound_pods_on_node()
-    cluster.pods = [PodInfo(**{**_fields(twin), "uid": "uid-new", "resource_version": "99"})]
+    cluster.pods = [replace(twin, uid="uid-new", resource_version="99")]
     assert ledger.mark_consumed(_ref("twin"), CONSUMED) is False  # conflict, re-read: another pod
     assert CONSUMED_ANNOTATION not in cluster.pods[0].annotations
+
+
+def test_answers_without_a_write_are_checked_against_a_fresh_read() -> None:
+    cluster = _cluster(_pod("p", record=_record(0)))
+    ledger = KubePodLedger(cluster, NODE)
+    ledger.list_bound_pods_on_node()
+    assert ledger.mark_consumed(_ref("p"), CONSUMED) is True
+    # the remembered copy says "already consumed", but the record was rewritten since
+    stored = _stored(cluster, "p")
+    rewritten = {**stored.annotations, ALLOCATION_ANNOTATION: _record(1, generation=2)}
+    cluster.replace_pod(stored, annotations=MappingProxyType(rewritten))
+    reads = cluster.pod_reads
+    assert ledger.mark_consumed(_ref("p"), CONSUMED) is False
+    assert cluster.pod_reads == reads + 1 and len(cluster.pod_patches) == 1
+    # the remembered copy has generation 2, the API is back at 1: the API is what counts
+    stored = _stored(cluster, "p")
+    cluster.replace_pod(stored, annotations=MappingProxyType({ALLOCATION_ANNOTATION: _record(0)}))
+    assert ledger.mark_consumed(_ref("p"), CONSUMED) is True and len(cluster.pod_patches) == 2
 
 
 def test_a_pod_deleted_before_the_patch_is_moot() -> None:
@@ -235,7 +263,7 @@ def test_a_pod_deleted_before_the_patch_is_moot() -> None:
 
 def test_an_already_written_consumption_is_not_written_again() -> None:
     annotations = {ALLOCATION_ANNOTATION: _record(0), CONSUMED_ANNOTATION: encode_consumption(CONSUMED)}
-    pod = PodInfo(**{**_fields(_pod("p")), "annotations": MappingProxyType(annotations)})
+    pod = replace(_pod("p"), annotations=MappingProxyType(annotations))
     cluster = _cluster(pod)
     ledger = KubePodLedger(cluster, NODE)
     ledger.list_bound_pods_on_node()
@@ -246,7 +274,11 @@ def test_endless_conflicts_give_up_with_a_ledger_error() -> None:
     cluster = _cluster(_pod("p", record=_record(0)))
     ledger = KubePodLedger(cluster, NODE, write_attempts=3)
     ledger.list_bound_pods_on_node()
-    cluster.before_pod_patch = lambda: cluster.replace_pod(_stored(cluster, "p"))
+
+    def touch() -> None:
+        cluster.replace_pod(_stored(cluster, "p"))
+
+    cluster.before_pod_patch = touch
     with pytest.raises(LedgerError, match=r"kept changing \(3 conflicting attempts\)"):
         ledger.mark_consumed(_ref("p"), CONSUMED)
     assert len(cluster.pod_patches) == 3
@@ -268,7 +300,7 @@ def test_api_failures_are_ledger_errors() -> None:
 
 def test_rewrite_allocation_replaces_the_record_and_the_consumption_in_one_patch() -> None:
     annotations = {ALLOCATION_ANNOTATION: _record(0), CONSUMED_ANNOTATION: encode_consumption(CONSUMED)}
-    cluster = _cluster(PodInfo(**{**_fields(_pod("p")), "annotations": MappingProxyType(annotations)}))
+    cluster = _cluster(replace(_pod("p"), annotations=MappingProxyType(annotations)))
     ledger = KubePodLedger(cluster, NODE)
     ledger.list_bound_pods_on_node()
     new = Allocation(NODE, whole(1), generation=2, resources=((GPU, 1),))
@@ -295,7 +327,3 @@ def test_the_broker_hands_out_and_writes_back_through_the_kube_ledger() -> None:
     cluster.fail_next = True
     with pytest.raises(LedgerError):
         broker.reconcile()
-
-
-def _fields(pod: PodInfo) -> dict[str, object]:
-    return {name: getattr(pod, name) for name in PodInfo.__dataclass_fields__}

@@ -117,7 +117,8 @@ def test_a_swap_whose_rewrite_failed_is_written_before_the_consumed_annotation_t
     ledger.fail_writes = True
     broker.reconcile([kubelet_says("b", WHOLE_GPU_RESOURCE, uuid(3))])
     assert record(ledger, "a").generation == 1  # not written yet
-    assert broker.allocate(WHOLE_GPU_RESOURCE, [uuid(2)]).env(ENV_VISIBLE_DEVICES) == uuid(1)  # a, from memory
+    # a, from memory
+    assert broker.allocate(WHOLE_GPU_RESOURCE, [uuid(2)]).env(ENV_VISIBLE_DEVICES) == uuid(1)
     ledger.fail_writes = False
     broker.reconcile()
     assert record(ledger, "a").gpu_uuids == (uuid(1),) and consumed(ledger, "a").generation == 2

@@ -1,0 +1,360 @@
+"""The node agent as its own process against a real kube-apiserver, on a simulated DGX A100.
+
+- publishing: the GpuTopology record named after the node, its spec (8 GPUs, NV12 between every
+  pair), a heartbeat that moves while the spec stays put, a fault injected through the agent's
+  /debug/inject and a cordon set through the node annotation, both reflected in the status;
+- the device plugin: a fake kubelet in this process, a real pod bound to the node carrying an
+  allocation record; the kubelet's Allocate is answered from the record and the consumed
+  annotation lands on the pod through the API;
+- KubePodLedger itself against the API server's resourceVersion preconditions (real 409s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid as uuidlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from node_agent.deviceplugin._generated import deviceplugin_pb2 as api
+from node_agent.deviceplugin.inventory import WHOLE_GPU_RESOURCE
+from node_agent.health import CORDON_ANNOTATION
+from node_agent.kube import HASH_ANNOTATION, KubernetesClusterApi
+from node_agent.pod_ledger import KubePodLedger
+from tests.cluster.controlplane import REPO_ROOT, ControlPlane, bind_pod, delete_fake_node, free_port
+from tests.cluster.linkpack_env import wait_until
+from tests.cluster.procs import die_with_parent
+from tests.node_agent.fake_kubelet import FakeKubelet, plugin_stub
+from topology.allocation import (
+    ALLOCATION_ANNOTATION,
+    CONSUMED_ANNOTATION,
+    Allocation,
+    Consumption,
+    decode_consumption,
+    encode_allocation,
+)
+from topology.codec import decode_topology
+from topology.model import LinkKind
+from topology.workload import GpuGrant
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+
+GROUP, VERSION, PLURAL = "linkpack.io", "v1alpha1", "gputopologies"
+
+
+@dataclass
+class AgentProcess:
+    node: str
+    port: int
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def inject(self, command: dict[str, Any]) -> None:
+        answer = httpx.post(f"{self.url}/debug/inject", content=json.dumps(command), timeout=5)
+        assert answer.status_code == 200, answer.text
+
+    def stop(self, timeout_s: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+                raise
+        return int(self.proc.returncode)
+
+
+@contextlib.contextmanager
+def running_agent(cp: ControlPlane, node: str, extra: Sequence[str]) -> Iterator[AgentProcess]:
+    """`python -m node_agent --simulate dgx-a100` for `node`, until its /healthz answers."""
+    port = free_port()
+    log_path = cp.log_dir / f"node-agent-{node}.log"
+    argv = [
+        sys.executable,
+        "-m",
+        "node_agent",
+        "--simulate=dgx-a100",
+        f"--node-name={node}",
+        f"--kubeconfig={cp.kubeconfig_path}",
+        "--metrics-host=127.0.0.1",
+        f"--metrics-port={port}",
+        "--poll-interval=0.5",
+        "--heartbeat-interval=1",
+        *extra,
+    ]
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=die_with_parent(),  # only set on the main thread
+        )
+    agent = AgentProcess(node, port, log_path, proc)
+    try:
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"node agent exited with {proc.returncode}:\n{agent.log()}")
+            with contextlib.suppress(httpx.TransportError):
+                return httpx.get(f"{agent.url}/healthz", timeout=2).status_code == 200
+            return False
+
+        wait_until(healthy, 30, "the node agent's /healthz")
+        yield agent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def gpu_node(linkpack_crd: ControlPlane) -> Iterator[str]:
+    """A fake node (no kubelet) for one agent; its node object and GpuTopology are deleted after."""
+    name = f"agent-e2e-{uuidlib.uuid4().hex[:6]}"
+    linkpack_crd.create_fake_node(name, {"nvidia.com/gpu": "8"}, labels={"nvidia.com/gpu.present": "true"})
+    yield name
+    with contextlib.suppress(ApiException):
+        _custom(linkpack_crd).delete_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+    delete_fake_node(linkpack_crd.api_client(), name)
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A kubelet device-plugin directory under /tmp (unix socket paths must stay short)."""
+    path = Path(tempfile.mkdtemp(prefix="lp-e2e-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# The client's models type every field Optional; these tests read them as the server filled them.
+def _custom(cp: ControlPlane) -> Any:
+    return client.CustomObjectsApi(cp.api_client())
+
+
+def _core(cp: ControlPlane) -> Any:
+    return client.CoreV1Api(cp.api_client())
+
+
+def _record(cp: ControlPlane, node: str) -> dict[str, Any] | None:
+    try:
+        return dict(_custom(cp).get_cluster_custom_object(GROUP, VERSION, PLURAL, node))
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _published(cp: ControlPlane, node: str) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+
+    def present() -> bool:
+        record = _record(cp, node)
+        if record and (record.get("status") or {}).get("gpuHealth"):
+            found.update(record)
+            return True
+        return False
+
+    wait_until(present, 20, f"GpuTopology {node} with a status")
+    return found
+
+
+def _health_entry(cp: ControlPlane, node: str, index: int) -> dict[str, Any]:
+    record = _record(cp, node) or {}
+    entries = (record.get("status") or {}).get("gpuHealth") or []
+    return next((e for e in entries if e.get("index") == index), {})
+
+
+# ---------------------------------------------------------------------- publishing
+
+
+def test_agent_publishes_heartbeats_and_reports_faults_and_cordons(
+    linkpack_crd: ControlPlane, gpu_node: str
+) -> None:
+    cp, node = linkpack_crd, gpu_node
+    with running_agent(cp, node, ["--no-device-plugin"]) as agent:
+        record = _published(cp, node)
+        topology = decode_topology(record["spec"])
+        assert record["metadata"]["name"] == node and topology.gpu_count == 8
+        pairs = [topology.link(a, b) for a in range(8) for b in range(a + 1, 8)]
+        assert all(link.kind is LinkKind.NV and link.nvlinks == 12 for link in pairs)
+        status = record["status"]
+        assert status["heartbeat"] and status["agentVersion"]
+        assert [e["healthy"] for e in status["gpuHealth"]] == [True] * 8
+        assert [e["uuid"] for e in status["gpuHealth"]] == [g.uuid for g in topology.gpus]
+        spec_hash = record["metadata"]["annotations"][HASH_ANNOTATION]
+        generation = record["metadata"]["generation"]
+
+        # The heartbeat moves on; the unchanged spec is not written again.
+        first_beat = status["heartbeat"]
+        wait_until(
+            lambda: ((_record(cp, node) or {}).get("status") or {}).get("heartbeat") != first_beat,
+            10,
+            "a later heartbeat",
+        )
+        later = _record(cp, node) or {}
+        assert later["metadata"]["generation"] == generation
+        assert later["metadata"]["annotations"][HASH_ANNOTATION] == spec_hash
+        assert later["spec"] == record["spec"]
+
+        # XID 79 (fallen off the bus) on GPU 3: unhealthy in the status within seconds.
+        agent.inject({"gpu": 3, "xid": 79})
+        wait_until(lambda: _health_entry(cp, node, 3).get("healthy") is False, 5, "GPU 3 unhealthy")
+        entry = _health_entry(cp, node, 3)
+        assert entry["severity"] == "fatal" and "XID 79" in entry["reason"]
+        assert all(_health_entry(cp, node, i)["healthy"] for i in range(8) if i != 3)
+
+        # Cordon GPU 5 through the node annotation, then lift it.
+        gpu5 = topology.gpus[5].uuid
+        core = _core(cp)
+        core.patch_node(node, {"metadata": {"annotations": {CORDON_ANNOTATION: gpu5}}})
+        wait_until(lambda: _health_entry(cp, node, 5).get("cordoned") is True, 5, "GPU 5 cordoned")
+        assert _health_entry(cp, node, 5)["healthy"] is True
+        core.patch_node(node, {"metadata": {"annotations": {CORDON_ANNOTATION: None}}})
+        wait_until(lambda: _health_entry(cp, node, 5).get("cordoned") is False, 5, "GPU 5 uncordoned")
+
+        events = core.list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
+        reasons = {e.reason for e in events}
+        assert {"GpuUnhealthy", "GpuCordonChanged"} <= reasons, reasons
+        metrics = httpx.get(f"{agent.url}/metrics", timeout=5).text
+        assert "linkpack_agent_device_plugin_resources 0.0" in metrics
+        assert agent.stop() == 0, agent.log()
+    assert "agent stopping" in agent.log()
+    assert (_record(cp, node) or {})["metadata"]["generation"] == generation
+
+
+# ---------------------------------------------------------------------- the device plugin
+
+
+def _pod_with_record(name: str, record: Allocation) -> dict[str, Any]:
+    limits = {WHOLE_GPU_RESOURCE: str(len(record.grants))}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {ALLOCATION_ANNOTATION: encode_allocation(record)}},
+        "spec": {
+            "schedulerName": "linkpack",
+            "containers": [
+                {"name": "main", "image": "registry.invalid/app:1", "resources": {"limits": limits}}
+            ],
+        },
+    }
+
+
+def test_agent_serves_the_kubelet_from_allocation_records_in_the_api(
+    linkpack_crd: ControlPlane, gpu_node: str, cluster_namespace: str, short_dir: Path
+) -> None:
+    cp, node, ns = linkpack_crd, gpu_node, cluster_namespace
+    kubelet = FakeKubelet(short_dir)
+    kubelet.start()
+    shim = short_dir / "shim"
+    flags = [
+        f"--device-plugin-dir={short_dir}",
+        "--pod-resources-socket=",
+        f"--shim-host-dir={shim}",
+        "--units-per-gpu=4",
+    ]
+    try:
+        with running_agent(cp, node, flags) as agent:
+            gpus = decode_topology(_published(cp, node)["spec"]).gpus
+            wait_until(lambda: len(kubelet.registered) == 2, 10, "both plugins registered", interval_s=0.05)
+            assert sorted(p.name for p in shim.iterdir()) == ["linkpack_shim.py", "sitecustomize.py"]
+            record = Allocation(
+                node,
+                (GpuGrant(1, gpus[1].uuid, True), GpuGrant(2, gpus[2].uuid, True)),
+                resources=((WHOLE_GPU_RESOURCE, 2),),
+            )
+            core = _core(cp)
+            core.create_namespaced_pod(ns, _pod_with_record("train", record))
+            assert bind_pod(cp.api_client(), ns, "train", node) == 201
+
+            channel, plugin = plugin_stub(short_dir, WHOLE_GPU_RESOURCE)
+            with channel:
+                stream = plugin.ListAndWatch(api.Empty(), timeout=30)
+                assert {d.health for d in next(stream).devices} == {"Healthy"}
+                agent.inject({"gpu": 3, "xid": 79})
+                sick = next(stream)
+                assert {d.ID for d in sick.devices if d.health == "Unhealthy"} == {gpus[3].uuid}
+                stream.cancel()
+                answer = plugin.Allocate(
+                    api.AllocateRequest(
+                        container_requests=[
+                            api.ContainerAllocateRequest(devices_ids=[gpus[2].uuid, gpus[1].uuid])
+                        ]
+                    ),
+                    timeout=10,
+                )
+            envs = answer.container_responses[0].envs
+            assert envs["NVIDIA_VISIBLE_DEVICES"] == f"{gpus[1].uuid},{gpus[2].uuid}"
+            stored = core.read_namespaced_pod("train", ns).metadata.annotations
+            consumed = decode_consumption(stored[CONSUMED_ANNOTATION])
+            assert consumed.generation == 1 and consumed.containers == ("main",)
+            metrics = httpx.get(f"{agent.url}/metrics", timeout=5).text
+            assert 'linkpack_agent_allocations_total{result="granted"} 1.0' in metrics
+            assert "linkpack_agent_device_plugin_resources 2.0" in metrics
+            assert agent.stop() == 0, agent.log()
+        assert not list(short_dir.glob("linkpack-*.sock"))  # the plugins took their sockets along
+    finally:
+        kubelet.stop()
+
+
+def test_kube_pod_ledger_honours_resource_versions_of_the_api_server(
+    linkpack_crd: ControlPlane, gpu_node: str, cluster_namespace: str
+) -> None:
+    cp, node, ns = linkpack_crd, gpu_node, cluster_namespace
+    core = _core(cp)
+    record = Allocation(node, (GpuGrant(0, "GPU-00000000-0000-0000-0000-000000000000", True),))
+    pod = _pod_with_record("ledger", record)
+    pod["spec"]["initContainers"] = [
+        {
+            "name": "warm",
+            "image": "registry.invalid/app:1",
+            "resources": {"limits": {WHOLE_GPU_RESOURCE: "1"}},
+        }
+    ]
+    core.create_namespaced_pod(ns, pod)
+    assert bind_pod(cp.api_client(), ns, "ledger", node) == 201
+    ledger = KubePodLedger(KubernetesClusterApi.from_config(node, str(cp.kubeconfig_path)), node)
+    (bound,) = [p for p in ledger.list_bound_pods_on_node() if p.ref.name == "ledger"]
+    assert [(c.name, c.init) for c in bound.containers] == [("warm", True), ("main", False)]
+    created = core.read_namespaced_pod("ledger", ns)
+    scheduled = next(c for c in created.status.conditions if c.type == "PodScheduled")
+    assert bound.bound_at == scheduled.last_transition_time.timestamp()
+
+    # Someone else writes after the listing: the remembered resourceVersion gets a real 409.
+    core.patch_namespaced_pod("ledger", ns, {"metadata": {"labels": {"touched": "yes"}}})
+    consumption = Consumption(1, ("main",), (record.grants[0].uuid,))
+    assert ledger.mark_consumed(bound.ref, consumption) is True
+    stored = core.read_namespaced_pod("ledger", ns).metadata
+    assert decode_consumption(stored.annotations[CONSUMED_ANNOTATION]) == consumption
+    assert stored.labels == {"touched": "yes"}
+
+    # A record rewritten to generation 2 meanwhile: marking generation 1 is moot.
+    rewritten = encode_allocation(Allocation(node, record.grants, generation=2))
+    core.patch_namespaced_pod("ledger", ns, {"metadata": {"annotations": {ALLOCATION_ANNOTATION: rewritten}}})
+    assert ledger.mark_consumed(bound.ref, consumption) is False
+    core.delete_namespaced_pod("ledger", ns, grace_period_seconds=0)
+    assert ledger.mark_consumed(bound.ref, Consumption(2, ("main",), ())) is False
