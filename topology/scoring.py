@@ -2,29 +2,31 @@
 
 Each candidate node comes with the placement `place()` found on it. `node_terms` measures the
 candidate on its own (cacheable while the node does not change); `combine` turns the terms of
-one call's candidates into kube-scheduler's integer priorities 0..10. Three terms, each 0..1
-with higher better, are mixed by the policy's weights:
+one call's candidates into kube-scheduler's integer priorities 0..10. Three terms, each at
+most 1.0 and higher better, are mixed by the policy's weights:
 
-- fragmentation: the FGD fragmentation delta ΔF the placement causes on the node (milli-GPU,
-  measured against the typical workload) divided by the GPU capacity the pod takes, so it is
-  "stranded GPU per GPU granted": `0.5 - 0.5 * clamp(ΔF / taken, -1, 1)`. 1.0 when the pod
-  removes as much fragmentation as it takes (it fills a sliver nothing else could use), 0.5
-  when it is neutral, 0.0 when it strands as much as it takes. Absolute, not normalised
-  across the candidates: a spread of tiny deltas must not be blown up to the full range.
-- packing: how full the node's GPUs are after the placement, 0..1 (binpack and balanced
-  prefer fuller nodes, spread emptier ones). This is FGD's own direction: filling up
-  partly used nodes keeps whole nodes free for the large requests of the workload.
-- link quality:
-  - multi-GPU pods: the chosen set's ring bottleneck (then pair total, then what is left
-    behind), each relative to the best of the call's candidates (value / best), so the pod
-    goes to the best connected set the cluster offers unless packing says otherwise;
-  - one GPU or a share: the damage the placement does to the node's own free GPUs: the best
-    pair bandwidth the free whole GPUs can still form after it, relative to before it (1.0
-    when nothing breaks, or the node had no pair to break; 0.0 when it takes the last pair).
-    It protects NVLink pairs without favouring empty nodes, whose pairs never break.
+- fragmentation (0..1): sigmoid(-ΔF / 100 milli-GPU), where ΔF is the FGD fragmentation delta
+  the placement causes on the node against the typical workload. 0.5 for a neutral
+  placement, towards 1 when the pod fills capacity nothing else could use, towards 0 when it
+  strands some. Absolute, not normalised across the candidates: a spread of tiny deltas must
+  not be blown up to the full range.
+- packing (0.9..1.0): how full the node's GPUs are after the placement (binpack and balanced
+  prefer fuller nodes, spread emptier ones). FGD's direction, but only a tie-breaker: a
+  strong best-fit term sends pods to nodes whose CPU then runs out first and strands GPUs.
+- link quality (0.75..1.0):
+  - multi-GPU pods: the chosen set's ring bottleneck (then pair total, then what it leaves
+    behind), each relative to the best candidate of the call (value / best);
+  - one GPU or a share: the damage the placement does to the node's own free GPUs: the
+    pairing value of the free whole GPUs (the largest total bandwidth of disjoint pairs)
+    lost, relative to the node's best free pair. Taking the odd one out costs nothing,
+    breaking an NVLink pair costs the pair. An empty node and a node with one pair left lose
+    the same, so the term never favours empty nodes. (Rewarding the *absolute* leftover
+    bandwidth, or its ratio before/after, sends small pods to the emptiest nodes and wrecks
+    packing: 9-11% unallocated on the openb trace instead of 5-6%.)
 
-    (Rewarding the *absolute* leftover bandwidth instead sends every small pod to the
-    emptiest node, since those keep the best pairs: it spreads pods and wrecks packing.)
+The packing and link terms are squeezed below 1.0 (`PACKING_SPREAD`, `LINK_SPREAD`) so that
+under equal weights the fragmentation term decides between clearly different placements
+and the others separate near-equal ones.
 
 `raw = (w_link * link + w_frag * fragmentation + w_pack * packing) / Σw` and the score is
 `round(10 * raw)`. The coarse integer buckets are deliberate: near-equal nodes tie and
@@ -33,23 +35,31 @@ packing; the paper's FGD plugin gets much of its edge from the same effect, and 
 exact deltas does worse (docs/BENCHMARKS.md, "Cluster packing"). Only the multi-GPU link term
 depends on the other candidates, and only through their maximum, so scoring a list with
 duplicates of a node's state gives that state the same score. Everything is deterministic.
+
+The terms see GPUs only: `NodeState` carries no CPU, so a placement that leaves a node's idle
+GPUs without CPU is not penalised (FGD's own measure includes CPU; see the benchmark notes).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from topology.accounting import with_grants
-from topology.gpu_sets import link_table, mask_of
+from topology.gpu_sets import LinkTable, link_table, mask_of, members_of
 from topology.placement import whole_gpu_candidates
 from topology.workload import NodeState, Placement, Policy, PolicyName, Request, WholeGpus
 
 MAX_SCORE = 10
 #: How the three link components of a multi-GPU placement mix (the bottleneck dominates).
 LINK_MIX = (0.8, 0.15, 0.05)
-#: GPU capacity (milli-GPU) assumed taken when a placement's usage does not show it (MIG).
-_MIN_TAKEN_MILLI = 1000.0
+#: ΔF (milli-GPU) that moves the fragmentation term from 0.5 to sigmoid(-1) = 0.27.
+FRAGMENTATION_SCALE_MILLI = 100.0
+#: How far the packing term spreads below 1.0 (an empty node gets 1 - PACKING_SPREAD).
+PACKING_SPREAD = 0.1
+#: How far the link term spreads below 1.0 (the worst link gets 1 - LINK_SPREAD).
+LINK_SPREAD = 0.25
 
 Fragmentation = Callable[[NodeState], float]
 
@@ -109,24 +119,61 @@ class RawTerms:
 
 
 def pair_preserved(before: NodeState, placement: Placement) -> float:
-    """Best pair bandwidth the free whole GPUs keep after `placement`, relative to before (0..1)."""
+    """1.0 minus the pairing bandwidth the placement breaks among the node's free whole GPUs.
+
+    The free GPUs' pairing value is the largest total bandwidth of disjoint GPU pairs (a
+    maximum-weight matching). Taking a GPU that nothing needed as a partner (an odd one out)
+    costs nothing; taking one out of a pair costs that pair, relative to the node's best pair.
+    An empty node and a node with exactly one pair left lose the same, so emptier nodes are
+    not preferred.
+    """
     free = whole_gpu_candidates(before)
-    if len(free) < 2:
+    taken = mask_of([i for i in placement.gpus if i in free])
+    if len(free) < 2 or not taken:
         return 1.0
     table = link_table(before.topology)
     mask = mask_of(free)
-    best_before = table.best_ring_within(mask, 2)
-    if best_before <= 0:
+    best_pair = table.best_ring_within(mask, 2)
+    if best_pair <= 0:
         return 1.0
-    taken = mask_of(placement.gpus) if any(before.usage[i].idle for i in placement.gpus) else 0
-    best_after = table.best_ring_within(mask & ~taken, 2)
-    return min(1.0, best_after / best_before)
+    lost = _pairing(table, mask) - _pairing(table, mask & ~taken)
+    return max(0.0, 1.0 - lost / best_pair)
 
 
-def fragmentation_term(delta_milli: float, taken_milli: float) -> float:
-    """0..1, higher is better: 0.5 for a neutral placement (see the module docstring)."""
-    ratio = delta_milli / max(taken_milli, 1.0)
-    return 0.5 - 0.5 * max(-1.0, min(1.0, ratio))
+_PAIRINGS: dict[tuple[LinkTable, int], int] = {}
+
+
+def _pairing(table: LinkTable, mask: int) -> int:
+    """Largest total bandwidth of disjoint pairs among the GPUs of `mask` (memoised)."""
+    key = (table, mask)
+    found = _PAIRINGS.get(key)
+    if found is not None:
+        return found
+    if mask & (mask - 1) == 0:
+        found = 0
+    else:
+        low = (mask & -mask).bit_length() - 1
+        rest = mask & ~(1 << low)
+        found = _pairing(table, rest)
+        bw = table.bandwidth[low]
+        for other in members_of(rest):
+            found = max(found, bw[other] + _pairing(table, rest & ~(1 << other)))
+    if len(_PAIRINGS) >= 100_000:
+        _PAIRINGS.clear()
+    _PAIRINGS[key] = found
+    return found
+
+
+def fragmentation_term(delta_milli: float) -> float:
+    """0..1, higher is better: sigmoid(-ΔF / 100 milli-GPU); 0.5 for a neutral placement."""
+    x = max(-50.0, min(50.0, delta_milli / FRAGMENTATION_SCALE_MILLI))
+    return 1.0 / (1.0 + math.exp(x))
+
+
+def packing_term(util_before: float, util_after: float, policy: Policy) -> float:
+    """1 - PACKING_SPREAD .. 1, higher is better: fuller after the placement (emptier under spread)."""
+    fullness = 1.0 - util_after if policy.name is PolicyName.SPREAD else util_after
+    return 1.0 - PACKING_SPREAD + PACKING_SPREAD * fullness
 
 
 def node_terms(
@@ -142,17 +189,14 @@ def node_terms(
     after = with_grants(state, placement.grants)
     delta = fragmentation(after) - fragmentation(state)
     util_before, util_after = utilisation(state), utilisation(after)
-    taken = (util_after - util_before) * len(state.usage) * 1000.0
-    if taken <= 0.0:
-        taken = _MIN_TAKEN_MILLI * max(1, len(placement.gpus))
-    packing = 1.0 - util_after if policy.name is PolicyName.SPREAD else util_after
+    packing = packing_term(util_before, util_after, policy)
     return RawTerms(
         node=state.name,
         link=link,
         fragmentation_delta=delta,
         packing=packing,
         placement=placement,
-        fragmentation=fragmentation_term(delta, taken),
+        fragmentation=fragmentation_term(delta),
         link_relative=multi,
     )
 
@@ -230,9 +274,10 @@ def _link_terms(terms: Sequence[RawTerms]) -> list[float]:
     best = [max(column) for column in zip(*relative, strict=True)] if relative else [0.0, 0.0, 0.0]
     out = []
     for t in terms:
-        if not t.link_relative:
-            out.append(max(0.0, min(1.0, t.link[0])))
-            continue
-        parts = [v / b if b > 0 else 1.0 for v, b in zip(t.link, best, strict=True)]
-        out.append(sum(w * p for w, p in zip(LINK_MIX, parts, strict=True)))
+        if t.link_relative:
+            parts = [v / b if b > 0 else 1.0 for v, b in zip(t.link, best, strict=True)]
+            quality = sum(w * p for w, p in zip(LINK_MIX, parts, strict=True))
+        else:
+            quality = max(0.0, min(1.0, t.link[0]))
+        out.append(1.0 - LINK_SPREAD + LINK_SPREAD * quality)
     return out

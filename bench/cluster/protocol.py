@@ -72,6 +72,10 @@ class RunRecord:
     fragmentation_milli: FloatArray
     placed: np.ndarray
     seconds: float
+    #: placed 2/4/8-GPU pods, how many got the best ring their node's free GPUs offered, Σ ring GB/s
+    multi_gpu_pods: int = 0
+    multi_gpu_on_best: int = 0
+    multi_gpu_gbps: float = 0.0
 
     @property
     def failed(self) -> int:

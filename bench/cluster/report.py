@@ -36,6 +36,16 @@ class PolicySummary:
     fragmentation_rate: FloatArray  # (seeds, 131)
     seconds: tuple[float, ...]
     failed: tuple[int, ...]
+    multi_gpu_pods: int = 0
+    multi_gpu_on_best: int = 0
+    multi_gpu_gbps: float = 0.0
+
+    def link_text(self) -> str:
+        """Share of placed multi-GPU pods on their node's best ring, and their mean ring GB/s."""
+        if not self.multi_gpu_pods:
+            return "-"
+        best = 100.0 * self.multi_gpu_on_best / self.multi_gpu_pods
+        return f"{best:.0f}% / {self.multi_gpu_gbps / self.multi_gpu_pods:.0f}"
 
     def at(self, arrival: int) -> Stat:
         return _stat(self.unallocated[:, arrival])
@@ -59,6 +69,9 @@ def summarise(records: Sequence[RunRecord]) -> PolicySummary:
         fragmentation_rate=np.array([fragmentation_rate_curve(r) for r in ordered]),
         seconds=tuple(r.seconds for r in ordered),
         failed=tuple(r.failed for r in ordered),
+        multi_gpu_pods=sum(r.multi_gpu_pods for r in ordered),
+        multi_gpu_on_best=sum(r.multi_gpu_on_best for r in ordered),
+        multi_gpu_gbps=sum(r.multi_gpu_gbps for r in ordered),
     )
 
 
@@ -75,8 +88,9 @@ def verdict(ours: Stat, paper: PaperResult | None) -> str:
 def trace_table(summaries: Sequence[PolicySummary], paper: dict[tuple[str, str, int], PaperResult]) -> str:
     lines = [
         "| policy | unallocated % at 100% (ours) | paper | difference | at 130% (ours) | paper at 130% "
-        "| frag rate % at 90% (paper) | failed pods | CPU s / run |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| frag rate % at 90% (paper) | failed pods | multi-GPU pods on best ring / mean GB/s "
+        "| CPU s / run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         at100 = s.at(100)
@@ -86,7 +100,7 @@ def trace_table(summaries: Sequence[PolicySummary], paper: dict[tuple[str, str, 
             f"| {LABELS.get(s.policy, s.policy)} | {at100} | "
             f"{_paper_text(paper100)} | {verdict(at100, paper100)} | {s.at(130)} | {_paper_text(paper130)} | "
             f"{s.frag_rate_at(90).mean:.1f} ({_paper_frag(paper100)}) | {np.mean(s.failed):.0f} | "
-            f"{np.mean(s.seconds):.1f} |"
+            f"{s.link_text()} | {np.mean(s.seconds):.1f} |"
         )
     return "\n".join(lines)
 

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.cluster.cluster import ClusterState
+from bench.cluster.cluster import ClusterState, Decision
 from bench.cluster.frag_table import BoolArray, FloatArray, IntArray
 from bench.cluster.policy import ClusterPolicy, PolicyFactory, RunContext
 from bench.cluster.protocol import RunRecord, build_arrivals, policy_stream
-from bench.cluster.trace import TraceNode, TracePod
+from bench.cluster.topologies import topology_for
+from bench.cluster.trace import MILLI_PER_GPU, TraceNode, TracePod
 from topology.fragmentation import Workload
+from topology.gpu_sets import BANDWIDTH_SCALE, link_table, mask_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,31 @@ class Trajectory:
     allocated_milli: IntArray
     fragmentation_milli: FloatArray
     placed: BoolArray
+    links: LinkAudit
+
+
+class LinkAudit:
+    """How well connected the GPU sets of placed multi-GPU pods are, on the assumed topologies.
+
+    Per pod: the ring bottleneck of the GPUs it got, and the best any set of that size of the
+    node's free GPUs could reach (so a policy is judged on the node it picked).
+    """
+
+    def __init__(self) -> None:
+        self.pods = 0
+        self.on_best = 0
+        self.gbps_total = 0.0
+
+    def note(self, cluster: ClusterState, pod: TracePod, decision: Decision) -> None:
+        if pod.is_fractional or pod.gpu_count < 2:
+            return
+        node = decision.node
+        table = link_table(topology_for(cluster.models[node], int(cluster.gpu_count[node])))
+        free = mask_of([int(i) for i in np.flatnonzero(cluster.gpu_left[node] == MILLI_PER_GPU)])
+        chosen = table.ring_bottleneck(mask_of(decision.gpus))
+        self.pods += 1
+        self.on_best += chosen >= table.best_ring_within(free, pod.gpu_count)
+        self.gbps_total += chosen / BANDWIDTH_SCALE
 
 
 def schedule(cluster: ClusterState, arrivals: Sequence[TracePod], policy: ClusterPolicy) -> Trajectory:
@@ -46,18 +73,20 @@ def schedule(cluster: ClusterState, arrivals: Sequence[TracePod], policy: Cluste
     placed = np.zeros(count, dtype=np.bool_)
     arrived_total = 0
     allocated_total = 0
+    links = LinkAudit()
     for step, pod in enumerate(arrivals):
         arrived_total += pod.gpu_total_milli
         feasible = cluster.feasible(pod)
         decision = policy.decide(cluster, pod, feasible) if len(feasible) else None
         if decision is not None:
+            links.note(cluster, pod, decision)
             cluster.assign(pod, decision)
             allocated_total += pod.gpu_total_milli
             placed[step] = True
         arrived[step] = arrived_total
         allocated[step] = allocated_total
         fragmentation[step] = cluster.frag.values.sum()
-    return Trajectory(arrived, allocated, fragmentation, placed)
+    return Trajectory(arrived, allocated, fragmentation, placed, links)
 
 
 def simulate(
@@ -90,4 +119,7 @@ def simulate(
         fragmentation_milli=trajectory.fragmentation_milli,
         placed=trajectory.placed,
         seconds=clock() - started,
+        multi_gpu_pods=trajectory.links.pods,
+        multi_gpu_on_best=trajectory.links.on_best,
+        multi_gpu_gbps=trajectory.links.gbps_total,
     )

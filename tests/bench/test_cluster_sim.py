@@ -313,3 +313,68 @@ def test_cli_parses_seed_ranges_and_policy_lists() -> None:
     assert parse_policies("all,fgd-ideal")[-1] == "fgd-ideal"
     with pytest.raises(ValueError, match="unknown"):
         parse_policies("tetris")
+
+
+def test_ours_decides_as_scoring_every_node_through_the_extender_would() -> None:
+    from bench.cluster.ours import extender_default_policy, node_state, ours_factory, request_for
+    from topology.placement import place
+    from topology.scoring import rank_nodes
+    from topology.workload import Placement
+
+    workload = _workload((500, 1, 0.5), (1000, 1, 0.5))
+    nodes = tuple(
+        _node(f"n{i}", g, model=m) for i, (g, m) in enumerate([(8, "G2"), (8, "G2"), (2, "T4"), (8, "G3")])
+    )
+    cluster = ClusterState(nodes, workload)
+    context = _context(cluster, workload=workload)
+    policy = ours_factory()(context)
+    pods = [
+        _pod("a", 1000),
+        _pod("b", 470),
+        _pod("c", 1000, 2),
+        _pod("d", 810),
+        _pod("e", 530),
+        _pod("f", 1000, 4),
+    ]
+    default = extender_default_policy()
+    for pod in pods:
+        feasible = cluster.feasible(pod)
+        decision = policy.decide(cluster, pod, feasible)
+        assert decision is not None
+        # the same decision from per-node states, `place` and `rank_nodes` over all feasible nodes
+        request = request_for(pod)
+        assert request is not None
+        candidates = []
+        for node in feasible.tolist():
+            count = int(cluster.gpu_count[node])
+            usage = tuple(
+                -1 if held else int(free)
+                for free, held in zip(
+                    cluster.gpu_left[node, :count], cluster.whole_held[node, :count], strict=True
+                )
+            )
+            state = node_state(nodes[node].name, topology_for(nodes[node].model, count), usage)
+            outcome = place(state, request, default)
+            assert isinstance(outcome, Placement)
+            candidates.append((node, state, outcome))
+        ranking = rank_nodes([(s, p) for _, s, p in candidates], request, default)
+        top = max(ranking.scores)
+        expected = min(
+            (int(context.priority[n]), n, p.gpus)
+            for (n, _, p), s in zip(candidates, ranking.scores, strict=True)
+            if s == top
+        )
+        assert (decision.node, decision.gpus) == (expected[1], expected[2])
+        cluster.assign(pod, decision)
+
+
+def test_the_link_audit_counts_multi_gpu_pods_on_their_nodes_best_ring() -> None:
+    from bench.cluster.simulate import LinkAudit
+
+    cluster = ClusterState((_node("a", 8, model="G2"),), ())
+    audit = LinkAudit()
+    audit.note(cluster, _pod("one", 1000), Decision(0, (0,)))
+    audit.note(cluster, _pod("best", 1000, 2), Decision(0, (0, 3)))  # NV2 pair on the cube mesh
+    audit.note(cluster, _pod("worse", 1000, 2), Decision(0, (0, 5)))  # 0-5 crosses sockets (SYS)
+    assert (audit.pods, audit.on_best) == (2, 1)
+    assert audit.gbps_total > 0
