@@ -327,7 +327,7 @@ class _ListWatch:
                 self._sink.synced(self.kind)
                 self._watch(rv)
                 backoff = 0.5
-            except _FAILURES as exc:
+            except (*_FAILURES, ApiError) as exc:
                 log.warning("watch of %s interrupted (%s); relisting in %.1fs", self.kind, exc, backoff)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
