@@ -53,7 +53,14 @@ class Binder:
         self._clock = clock
         self._mps_nodes = mps_nodes
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> BindResult:
+    def bind(
+        self, namespace: str, name: str, uid: str, node: str, known: PodRequest | None = None
+    ) -> BindResult:
+        """Bind the pod to `node` with its GPUs. `known` is the request parsed at filter time for
+        this very pod (same uid): extended-resource requests cannot change, so the pod need not
+        be read again, and the Binding's uid precondition still guards against a re-created pod."""
+        if known is not None and uid and known.pod.uid == uid:
+            return self._gpu_bind(known, "", node, already_bound=False)
         try:
             pod = self._api.read_pod(namespace, name)
         except ApiNotFound:
@@ -146,11 +153,22 @@ class Binder:
         try:
             self._api.bind(pod.pod.namespace, pod.pod.name, pod.pod.uid, pod_rv, node, annotations)
         except ApiError as exc:
+            if self._bound_anyway(pod, node):
+                # e.g. the reply was lost after the API server bound it: keep the commit
+                return BindResult(allocation=entry.allocation, attempts=attempts)
             rolled_back = self.release(node, pod.pod.uid)
             return BindResult(
                 error=f"binding {pod.pod.key} to {node}: {exc}", attempts=attempts, rolled_back=rolled_back
             )
         return BindResult(allocation=entry.allocation, attempts=attempts)
+
+    def _bound_anyway(self, pod: PodRequest, node: str) -> bool:
+        """After a failed Binding call: is this very pod bound to `node` nevertheless?"""
+        try:
+            current = self._api.read_pod(pod.pod.namespace, pod.pod.name)
+        except ApiError:
+            return False
+        return current.view.uid == pod.pod.uid and current.view.node_name == node
 
     def release(self, node: str, uid: str) -> bool:
         """Remove `uid`'s entry from the node's ledger (retrying on conflicts); True when gone."""

@@ -116,8 +116,9 @@ class ExtenderService:
                 args = parse_binding_args(body)
             except WireError as exc:
                 return binding_result(str(exc))
-            result = self.binder.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
             log = self._entry(f"{args.pod_namespace}/{args.pod_name}")
+            known = log.request if isinstance(log.request, PodRequest) else None
+            result = self.binder.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, known)
             if result.error:
                 log.bind_error = result.error
                 self.metrics.bind_failures.labels(_first_words(result.error)).inc()

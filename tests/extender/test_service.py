@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from extender.__main__ import handlers_for
+from extender.cluster_api import ApiError
 from extender.config import ExtenderConfig
 from extender.memory_api import InMemoryCluster
 from extender.reconciler import reconcile_once
@@ -175,3 +176,37 @@ def test_a_reservation_that_never_binds_expires(service: ExtenderService, cluste
     assert reconcile_once(service, now=1000.0 + 10) == 0
     assert reconcile_once(service, now=1000.0 + service.config.reservation_timeout_s + 1) == 1
     assert cluster.read_ledger("nv-node").entries == ()
+
+
+def test_bind_after_filter_does_not_read_the_pod_again(
+    service: ExtenderService, cluster: InMemoryCluster
+) -> None:
+    """The request parsed at filter time is reused: one API read fewer on the bind path."""
+    created = cluster.create_pod(gpu_pod("fast", gpus=2))
+    service.filter(filter_args(created, ["nv-node"]))
+    reads = []
+    original = cluster.read_pod
+    cluster.read_pod = lambda ns, name: reads.append(name) or original(ns, name)  # type: ignore[method-assign]
+    m = created["metadata"]
+    assert service.bind({"PodName": "fast", "PodNamespace": "ml", "PodUID": m["uid"], "Node": "nv-node"}) == {
+        "Error": ""
+    }
+    assert reads == []
+    assert cluster.read_pod("ml", "fast").view.node_name == "nv-node"
+
+
+def test_a_lost_binding_reply_keeps_the_commit(service: ExtenderService, cluster: InMemoryCluster) -> None:
+    """If the Binding succeeded but its answer was lost, the ledger entry must stay (no double allocation)."""
+    created = cluster.create_pod(gpu_pod("lost-reply", gpus=8))
+    original = cluster.bind
+
+    def bind_then_fail(*args, **kwargs):  # the API server binds, then the connection drops
+        original(*args, **kwargs)
+        raise ApiError("connection reset by peer")
+
+    cluster.bind = bind_then_fail  # type: ignore[method-assign]
+    m = created["metadata"]
+    assert service.bind(
+        {"PodName": "lost-reply", "PodNamespace": "ml", "PodUID": m["uid"], "Node": "nv-node"}
+    ) == {"Error": ""}
+    assert len(cluster.read_ledger("nv-node").entries) == 1
