@@ -36,8 +36,15 @@ exact deltas does worse (docs/BENCHMARKS.md, "Cluster packing"). Only the multi-
 depends on the other candidates, and only through their maximum, so scoring a list with
 duplicates of a node's state gives that state the same score. Everything is deterministic.
 
-The terms see GPUs only: `NodeState` carries no CPU, so a placement that leaves a node's idle
-GPUs without CPU is not penalised (FGD's own measure includes CPU; see the benchmark notes).
+By default the terms see GPUs only: `NodeState` carries no CPU, so a placement that leaves a
+node's idle GPUs without CPU is not penalised (FGD's own measure includes CPU). A caller that
+knows the node's free CPU and memory before and after the pod, and a typical workload with CPU
+shapes, passes them as `NodeResourcesContext` to `node_terms`; the fragmentation delta is then
+FGD's measure against that workload with CPU and memory counted, so a placement that leaves
+idle GPUs on a node too short of CPU for the typical pods scores lower. The extender does not
+track node CPU or memory yet (and learns no workload), so in production this path is off; the
+cluster simulator's "ours+cpu" policy shows what it buys (docs/BENCHMARKS.md, "Cluster
+packing").
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from topology.accounting import with_grants
+from topology.fragmentation import Workload, node_state_fragmentation
 from topology.gpu_sets import LinkTable, link_table, mask_of, members_of
 from topology.placement import whole_gpu_candidates
 from topology.workload import NodeState, Placement, Policy, PolicyName, Request, WholeGpus
@@ -62,6 +70,23 @@ PACKING_SPREAD = 0.1
 LINK_SPREAD = 0.25
 
 Fragmentation = Callable[[NodeState], float]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeResourcesContext:
+    """A node's free CPU and memory before and after the pod, and the typical workload to measure against.
+
+    With it, `node_terms` measures fragmentation with
+    `topology.fragmentation.node_state_fragmentation(state, workload, cpu, memory)` before and
+    after the placement instead of the GPU-only `fragmentation` callable. `None` CPU or memory
+    means unconstrained. Not used by the extender yet: it does not track node CPU or memory.
+    """
+
+    free_cpu_milli_before: int | None
+    free_memory_mib_before: int | None
+    free_cpu_milli_after: int | None
+    free_memory_mib_after: int | None
+    workload: Workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,9 +202,20 @@ def packing_term(util_before: float, util_after: float, policy: Policy) -> float
 
 
 def node_terms(
-    state: NodeState, placement: Placement, request: Request, policy: Policy, fragmentation: Fragmentation
+    state: NodeState,
+    placement: Placement,
+    request: Request,
+    policy: Policy,
+    fragmentation: Fragmentation,
+    resources: NodeResourcesContext | None = None,
 ) -> RawTerms:
-    """The terms of one candidate; only the multi-GPU link term still needs the other candidates."""
+    """The terms of one candidate; only the multi-GPU link term still needs the other candidates.
+
+    `resources` (optional) gives the node's free CPU and memory before and after the pod and a
+    typical workload; the fragmentation delta then counts CPU and memory against that workload
+    and `fragmentation` is not used. The extender passes none (it does not track node CPU yet),
+    so in production the CPU term is off; the cluster simulator's "ours+cpu" passes it.
+    """
     s = placement.score
     multi = isinstance(request, WholeGpus) and request.count > 1
     if multi:
@@ -187,7 +223,13 @@ def node_terms(
     else:
         link = (pair_preserved(state, placement), 0.0, 0.0)
     after = with_grants(state, placement.grants)
-    delta = fragmentation(after) - fragmentation(state)
+    if resources is None:
+        delta = fragmentation(after) - fragmentation(state)
+    else:
+        r = resources
+        delta = node_state_fragmentation(
+            after, r.workload, r.free_cpu_milli_after, r.free_memory_mib_after
+        ) - node_state_fragmentation(state, r.workload, r.free_cpu_milli_before, r.free_memory_mib_before)
     util_before, util_after = utilisation(state), utilisation(after)
     packing = packing_term(util_before, util_after, policy)
     return RawTerms(

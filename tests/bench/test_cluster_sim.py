@@ -378,3 +378,82 @@ def test_the_link_audit_counts_multi_gpu_pods_on_their_nodes_best_ring() -> None
     audit.note(cluster, _pod("worse", 1000, 2), Decision(0, (0, 5)))  # 0-5 crosses sockets (SYS)
     assert (audit.pods, audit.on_best) == (2, 1)
     assert audit.gbps_total > 0
+
+
+def test_ours_cpu_decides_as_node_terms_with_each_nodes_exact_cpu_would() -> None:
+    from bench.cluster.ours import (
+        extender_default_policy,
+        node_state,
+        ours_cpu_factory,
+        request_for,
+        scoring_workload,
+    )
+    from topology.placement import place
+    from topology.scoring import NodeResourcesContext, combine, default_fragmentation, node_terms
+    from topology.workload import Placement
+
+    workload = (
+        TypicalRequest(1000, 1, 8000, 0, 0.4),
+        TypicalRequest(500, 1, 4000, 0, 0.4),
+        TypicalRequest(0, 0, 16_000, 0, 0.2),
+    )
+    nodes = tuple(
+        _node(f"n{i}", g, cpu=c, model=m)
+        for i, (g, c, m) in enumerate(
+            [(8, 40_000, "G2"), (8, 96_000, "G2"), (2, 20_000, "T4"), (8, 64_000, "G3")]
+        )
+    )
+    cluster = ClusterState(nodes, workload)
+    context = _context(cluster, workload=workload)
+    policy = ours_cpu_factory()(context)
+    pods = [
+        _pod(f"p{i}", milli, count, cpu)
+        for i, (milli, count, cpu) in enumerate(
+            [
+                (1000, 1, 6000),
+                (470, 1, 3000),
+                (1000, 2, 12_000),
+                (810, 1, 9000),
+                (500, 1, 2000),
+                (1000, 4, 30_000),
+                (1000, 1, 7000),
+                (250, 1, 5000),
+            ]
+        )
+    ]
+    default = extender_default_policy()
+    measured = scoring_workload(workload)
+    assert all(m.needs_gpu for m in measured) and len(measured) == 2
+    for pod in pods:
+        feasible = cluster.feasible(pod)
+        decision = policy.decide(cluster, pod, feasible)
+        request = request_for(pod)
+        assert request is not None
+        terms = []
+        for node in feasible.tolist():
+            count = int(cluster.gpu_count[node])
+            usage = tuple(
+                -1 if held else int(free)
+                for free, held in zip(
+                    cluster.gpu_left[node, :count], cluster.whole_held[node, :count], strict=True
+                )
+            )
+            state = node_state(nodes[node].name, topology_for(nodes[node].model, count), usage)
+            outcome = place(state, request, default)
+            if not isinstance(outcome, Placement):
+                continue
+            cpu, memory = int(cluster.cpu_left[node]), int(cluster.memory_left[node])
+            resources = NodeResourcesContext(
+                cpu, memory, cpu - pod.cpu_milli, memory - pod.memory_mib, measured
+            )
+            terms.append(
+                (node, node_terms(state, outcome, request, default, default_fragmentation(), resources))
+            )
+        if not terms:
+            assert decision is None
+            continue
+        scores = combine([t for _, t in terms], default).scores
+        best = max(scores)
+        expected = min((n for (n, _), s in zip(terms, scores, strict=True) if s == best))  # node order
+        assert decision is not None and decision.node == expected
+        cluster.assign(pod, decision)

@@ -124,3 +124,34 @@ def test_scores_are_integers_within_the_extender_range() -> None:
     ranking = ranked(nodes, WholeGpus(1))
     assert all(isinstance(s, int) and 0 <= s <= 10 for s in ranking.scores)
     assert ranked(nodes, WholeGpus(1)).scores == ranking.scores  # deterministic
+
+
+def test_with_cpu_known_a_node_whose_cpu_would_run_out_scores_lower() -> None:
+    from topology.fragmentation import TypicalRequest
+    from topology.scoring import NodeResourcesContext
+
+    # typical pods: one whole GPU with 8 CPUs; both nodes have 4 idle GPUs
+    workload = (TypicalRequest(gpu_milli=1000, gpu_count=1, cpu_milli=8000, memory_mib=0, probability=1.0),)
+    starved = state(pcie_pairs(), used=(0, 1, 2, 3), name="cpu-starved")
+    roomy = state(pcie_pairs(), used=(0, 1, 2, 3), name="cpu-roomy")
+    request = WholeGpus(1)
+    pod_cpu = 4000
+
+    def terms(node: NodeState, free_cpu: int) -> RawTerms:
+        placement = place(node, request, BALANCED)
+        assert isinstance(placement, Placement)
+        resources = NodeResourcesContext(free_cpu, None, free_cpu - pod_cpu, None, workload)
+        return node_terms(node, placement, request, BALANCED, default_fragmentation(), resources)
+
+    # after the pod the starved node keeps 3 idle GPUs with 6 CPUs (< 8): all stranded
+    ranking = combine([terms(starved, 10_000), terms(roomy, 64_000)], BALANCED)
+    low, high = ranking.details("cpu-starved"), ranking.details("cpu-roomy")
+    assert low is not None and high is not None
+    assert low.fragmentation_delta > 0 == high.fragmentation_delta
+    assert low.score < high.score
+    # without CPU (the extender today) the two nodes are equal
+    blind = [
+        node_terms(n, terms(n, 64_000).placement, request, BALANCED, default_fragmentation())
+        for n in (starved, roomy)
+    ]
+    assert len(set(combine(blind, BALANCED).scores)) == 1
