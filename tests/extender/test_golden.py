@@ -1,0 +1,45 @@
+"""The extender answers the exact bodies the real kube-scheduler sent (captured into golden/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from extender.__main__ import handlers_for
+from extender.config import ExtenderConfig
+from extender.memory_api import InMemoryCluster
+from extender.service import ExtenderService
+from extender.state import NodeFacts, TopologyRecord
+
+from .conftest import hgx_h100, two_socket_pcie
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _golden(verb: str) -> dict[str, Any]:
+    return dict(json.loads((GOLDEN / f"{verb}.json").read_text()))
+
+
+def test_captured_filter_prioritize_and_bind_are_served() -> None:
+    config = ExtenderConfig()
+    cluster = InMemoryCluster(config)
+    cluster.add_node(NodeFacts("golden-a"), TopologyRecord(two_socket_pcie("a")))
+    cluster.add_node(NodeFacts("golden-b"), TopologyRecord(hgx_h100("b")))
+    service = ExtenderService(config, cluster)
+    cluster.run_watches(handlers_for(service), lambda: True)
+    filter_body = _golden("filter")
+    cluster.create_pod(filter_body["Pod"])
+
+    filtered = service.filter(filter_body)
+    assert sorted(filtered["NodeNames"]) == ["golden-a", "golden-b"]
+    assert filtered["Error"] == ""
+
+    scores = service.prioritize(_golden("prioritize"))
+    assert {s["Host"] for s in scores} == {"golden-a", "golden-b"}
+    assert (
+        dict((s["Host"], s["Score"]) for s in scores)["golden-b"]
+        >= dict((s["Host"], s["Score"]) for s in scores)["golden-a"]
+    )
+
+    assert service.bind(_golden("bind")) == {"Error": ""}
