@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from topology.workload import DEFAULT_UNITS_PER_GPU, Policy, PolicyName
 
@@ -47,6 +48,9 @@ class ExtenderConfig:
     def policy(self, name: str | None) -> Policy | None:
         """The named policy, the default one for None, or None when the name is unknown."""
         return self.policies.get(name or self.default_policy)
+
+
+N = TypeVar("N", int, float)
 
 
 class ConfigError(ValueError):
@@ -105,26 +109,21 @@ def _weights(env: Mapping[str, str], defaults: ExtenderConfig) -> dict[str, Poli
 
 
 def _positive_int(env: Mapping[str, str], key: str, default: int) -> int:
-    raw = env.get(key)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{key}={raw!r}: expected a whole number") from exc
-    if value <= 0:
-        raise ConfigError(f"{key}={raw!r}: must be positive")
-    return value
+    return _positive(env, key, default, int, "a whole number")
 
 
 def _positive_float(env: Mapping[str, str], key: str, default: float) -> float:
+    return _positive(env, key, default, float, "a number")
+
+
+def _positive(env: Mapping[str, str], key: str, default: N, parse: Callable[[str], N], what: str) -> N:
     raw = env.get(key)
     if raw is None:
         return default
     try:
-        value = float(raw)
+        value = parse(raw)
     except ValueError as exc:
-        raise ConfigError(f"{key}={raw!r}: expected a number") from exc
+        raise ConfigError(f"{key}={raw!r}: expected {what}") from exc
     if value <= 0:
         raise ConfigError(f"{key}={raw!r}: must be positive")
     return value
