@@ -3,15 +3,16 @@
 Each candidate node comes with the placement `place()` found on it. `node_terms` measures the
 candidate on its own (cacheable while the node does not change); `combine` turns the terms of
 one call's candidates into kube-scheduler's integer priorities 0..10. Three terms, each at
-most 1.0 and higher better:
+most 1.0 and higher better, are mixed by the policy's weights:
 
-- fragmentation (0..1): sigmoid(-ΔF / scale), where ΔF is the FGD fragmentation delta the
-  placement causes on the node against the typical workload: 0.5 for a neutral placement,
-  towards 1 when the pod fills capacity nothing else could use, towards 0 when it strands
-  some. Absolute, not normalised across the candidates. The scale is 600 milli-GPU for one
-  GPU or a share (`BUCKET_SCALE_MILLI`) and 100 for multi-GPU sets (`FRAGMENTATION_SCALE_MILLI`).
+- fragmentation (0..1): sigmoid(-ΔF / 100 milli-GPU), where ΔF is the FGD fragmentation delta
+  the placement causes on the node against the typical workload. 0.5 for a neutral
+  placement, towards 1 when the pod fills capacity nothing else could use, towards 0 when it
+  strands some. Absolute, not normalised across the candidates: a spread of tiny deltas must
+  not be blown up to the full range.
 - packing (0.9..1.0): how full the node's GPUs are after the placement (binpack and balanced
-  prefer fuller nodes, spread emptier ones).
+  prefer fuller nodes, spread emptier ones). FGD's direction, but only a tie-breaker: a
+  strong best-fit term sends pods to nodes whose CPU then runs out first and strands GPUs.
 - link quality (0.75..1.0):
   - multi-GPU pods: the chosen set's ring bottleneck (then pair total, then what it leaves
     behind), each relative to the best candidate of the call (value / best);
@@ -23,32 +24,17 @@ most 1.0 and higher better:
     bandwidth, or its ratio before/after, sends small pods to the emptiest nodes and wrecks
     packing: 9-11% unallocated on the openb trace instead of 5-6%.)
 
-How `combine` mixes them depends on the pod:
+The packing and link terms are squeezed below 1.0 (`PACKING_SPREAD`, `LINK_SPREAD`) so that
+under equal weights the fragmentation term decides between clearly different placements
+and the others separate near-equal ones.
 
-- one GPU or a share, under balanced or binpack (the packing policies): the score is the
-  fragmentation term's bucket, `round(10 * sigmoid(-ΔF / 600 milli-GPU))`, i.e. FGD's own
-  score (the paper's plugin: `trunc(100 * sigmoid(-ΔF / 1000))`) coarsened to the extender's
-  0..10 range. Link and packing only order the candidates inside a bucket: they move `raw` by
-  at most `TIE_BREAK_SPREAD` / 10 (< half a bucket), so they never change the integer score.
-  Terms that vary from node to node but say nothing about fragmentation (fuller node, intact
-  NVLink pair) spread near-equal pods over the cluster and cost packing; equal buckets
-  instead tie, and kube-scheduler (or the simulator's fixed node order) breaks the tie, which
-  acts like first-fit packing. FGD's plugin gets much of its edge from the same effect:
-  ranking by the exact ΔF does worse (docs/BENCHMARKS.md, "Cluster packing"). The scale is
-  wider than FGD's bucket (~240 milli-GPU per bucket near ΔF = 0 instead of ~40) because ten
-  buckets have to cover the range FGD's hundred cover.
-- multi-GPU sets, and every pod under spread or with the fragmentation weight at 0:
-  `raw = (w_link * link + w_frag * fragmentation + w_pack * packing) / Σw` and the score is
-  `round(10 * raw)`. With the default weights the set's ring bottleneck relative to the
-  best candidate moves a node by about one bucket, the fragmentation term (at the narrow
-  100 milli-GPU scale) by up to three, and packing separates near-equal nodes. `place` picks
-  the best-connected set on every node, so node choice does not cost ring quality; letting
-  the link term dominate node choice further (sending multi-GPU pods to the best-wired
-  nodes first) strands GPUs (multigpu50: ~4.5% unallocated instead of ~3.5%).
-
-Only the multi-GPU link term depends on the other candidates, and only through their maximum,
-so scoring a list with duplicates of a node's state gives that state the same score.
-Everything is deterministic.
+`raw = (w_link * link + w_frag * fragmentation + w_pack * packing) / Σw` and the score is
+`round(10 * raw)`. The coarse integer buckets are deliberate: near-equal nodes tie and
+kube-scheduler (or the simulator's fixed node order) breaks the tie, which acts like first-fit
+packing; the paper's FGD plugin gets much of its edge from the same effect, and ranking by
+exact deltas does worse (docs/BENCHMARKS.md, "Cluster packing"). Only the multi-GPU link term
+depends on the other candidates, and only through their maximum, so scoring a list with
+duplicates of a node's state gives that state the same score. Everything is deterministic.
 
 By default the terms see GPUs only: `NodeState` carries no CPU, so a placement that leaves a
 node's idle GPUs without CPU is not penalised (FGD's own measure includes CPU). A caller that
@@ -76,12 +62,8 @@ from topology.workload import NodeState, Placement, Policy, PolicyName, Request,
 MAX_SCORE = 10
 #: How the three link components of a multi-GPU placement mix (the bottleneck dominates).
 LINK_MIX = (0.8, 0.15, 0.05)
-#: Multi-GPU pods: ΔF (milli-GPU) that moves the fragmentation term from 0.5 to sigmoid(-1) = 0.27.
+#: ΔF (milli-GPU) that moves the fragmentation term from 0.5 to sigmoid(-1) = 0.27.
 FRAGMENTATION_SCALE_MILLI = 100.0
-#: One GPU or a share: the same, for the bucketed FGD-style score (a bucket is ~240 milli-GPU near 0).
-BUCKET_SCALE_MILLI = 600.0
-#: How far link and packing may move a one-GPU/share candidate inside its bucket (< 0.5: never across).
-TIE_BREAK_SPREAD = 0.45
 #: How far the packing term spreads below 1.0 (an empty node gets 1 - PACKING_SPREAD).
 PACKING_SPREAD = 0.1
 #: How far the link term spreads below 1.0 (the worst link gets 1 - LINK_SPREAD).
@@ -207,9 +189,9 @@ def _pairing(table: LinkTable, mask: int) -> int:
     return found
 
 
-def fragmentation_term(delta_milli: float, scale_milli: float = FRAGMENTATION_SCALE_MILLI) -> float:
-    """0..1, higher is better: sigmoid(-ΔF / scale); 0.5 for a neutral placement."""
-    x = max(-50.0, min(50.0, delta_milli / scale_milli))
+def fragmentation_term(delta_milli: float) -> float:
+    """0..1, higher is better: sigmoid(-ΔF / 100 milli-GPU); 0.5 for a neutral placement."""
+    x = max(-50.0, min(50.0, delta_milli / FRAGMENTATION_SCALE_MILLI))
     return 1.0 / (1.0 + math.exp(x))
 
 
@@ -256,7 +238,7 @@ def node_terms(
         fragmentation_delta=delta,
         packing=packing,
         placement=placement,
-        fragmentation=fragmentation_term(delta, FRAGMENTATION_SCALE_MILLI if multi else BUCKET_SCALE_MILLI),
+        fragmentation=fragmentation_term(delta),
         link_relative=multi,
     )
 
@@ -302,12 +284,7 @@ class Ranking:
 
 
 def combine(terms: Sequence[RawTerms], policy: Policy) -> Ranking:
-    """Mix each candidate's terms by the policy's weights into an integer score 0..10.
-
-    Multi-GPU sets (and every candidate under spread or with fragmentation weighted 0): the
-    weighted mean of the three terms. One GPU or a share under balanced or binpack: the
-    fragmentation term's bucket, moved inside it by link and packing (`_bucketed`).
-    """
+    """Mix each candidate's terms by the policy's weights into an integer score 0..10."""
     if not terms:
         return Ranking((), (), (), (), (), ())
     link = _link_terms(terms)
@@ -317,26 +294,9 @@ def combine(terms: Sequence[RawTerms], policy: Policy) -> Ranking:
     wl = policy.weight_link_quality / total_weight
     wf = policy.weight_fragmentation / total_weight
     wp = policy.weight_packing / total_weight
-    fgd_like = policy.name is not PolicyName.SPREAD and wf > 0
-    raw = [
-        _bucketed(b, a, c, wl, wp) if fgd_like and not t.link_relative else wl * a + wf * b + wp * c
-        for t, a, b, c in zip(terms, link, frag_term, pack, strict=True)
-    ]
+    raw = [wl * a + wf * b + wp * c for a, b, c in zip(link, frag_term, pack, strict=True)]
     scores = [max(0, min(MAX_SCORE, int(r * MAX_SCORE + 0.5))) for r in raw]
     return Ranking(tuple(terms), tuple(scores), tuple(raw), tuple(link), tuple(frag_term), tuple(pack))
-
-
-def _bucketed(fragmentation: float, link: float, packing: float, wl: float, wp: float) -> float:
-    """round(10 * fragmentation) / 10, moved by at most TIE_BREAK_SPREAD / 10 by link and packing.
-
-    The integer score is the fragmentation bucket alone; `raw` still orders the candidates of
-    one bucket by the weighted link and packing terms (each rescaled to 0..1).
-    """
-    bucket = max(0, min(MAX_SCORE, int(fragmentation * MAX_SCORE + 0.5)))
-    link01 = (link - 1.0 + LINK_SPREAD) / LINK_SPREAD
-    pack01 = (packing - 1.0 + PACKING_SPREAD) / PACKING_SPREAD
-    tie = (wl * link01 + wp * pack01) / (wl + wp) if wl + wp > 0 else 0.5
-    return (bucket + TIE_BREAK_SPREAD * (2.0 * tie - 1.0)) / MAX_SCORE
 
 
 def rank_nodes(
