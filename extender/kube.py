@@ -234,7 +234,7 @@ class KubeClusterApi:
             if event == "DELETED":
                 h.node_deleted(str(obj["metadata"]["name"]))
             else:
-                h.node(node_facts(obj))
+                h.node(node_facts(obj, self._config))
 
         return _Sink(
             "nodes", sink, h.synced, lambda o: str(o["metadata"]["name"]), self._forget(h.node_deleted)

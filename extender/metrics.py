@@ -53,8 +53,27 @@ class _CapacityCollector(Collector):
         yield memory
 
 
+class _MissingTopologyCollector(Collector):
+    """1 for every node whose kubelet advertises GPUs but that has no topology record."""
+
+    def __init__(self, missing: Callable[[], Iterable[str]]) -> None:
+        self._missing = missing
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            "linkpack_node_topology_missing",
+            "GPU nodes without a (valid) GpuTopology record: GPU pods can never be placed there",
+            labels=["node"],
+        )
+        for node in self._missing():
+            family.add_metric([node], 1)
+        yield family
+
+
 class ExtenderMetrics:
-    def __init__(self, nodes: Callable[[], Iterable[NodeState]]) -> None:
+    def __init__(
+        self, nodes: Callable[[], Iterable[NodeState]], missing_topology: Callable[[], Iterable[str]] = tuple
+    ) -> None:
         self.registry = CollectorRegistry()
         self.latency = Histogram(
             "linkpack_extender_request_seconds",
@@ -84,6 +103,7 @@ class ExtenderMetrics:
             registry=self.registry,
         )
         self.registry.register(_CapacityCollector(nodes))
+        self.registry.register(_MissingTopologyCollector(missing_topology))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

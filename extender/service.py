@@ -59,7 +59,7 @@ class ExtenderService:
         self.state = state or ClusterState(config.units_per_gpu)
         self.decider = Decider(self.state)
         self.binder = Binder(api, self.state, config, clock)
-        self.metrics = ExtenderMetrics(self.node_states)
+        self.metrics = ExtenderMetrics(self.node_states, self.state.gpu_nodes_without_topology)
         self._log: OrderedDict[str, PodDecisions] = OrderedDict()
         self._log_lock = threading.Lock()
 

@@ -27,6 +27,7 @@ class NodeFacts:
     name: str
     cordoned_uuids: frozenset[str] = frozenset()
     unschedulable: bool = False
+    advertises_gpus: bool = False  # allocatable has a managed GPU resource (device plugin running)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +160,17 @@ class ClusterState:
         with self._lock:
             entry = self._nodes.get(name)
             return entry.record if entry else None
+
+    def gpu_nodes_without_topology(self) -> tuple[str, ...]:
+        """Nodes whose kubelet advertises GPUs but that have no (valid) topology record."""
+        with self._lock:
+            return tuple(
+                sorted(
+                    n
+                    for n, e in self._nodes.items()
+                    if e.facts is not None and e.facts.advertises_gpus and e.record is None
+                )
+            )
 
     def ledger(self, name: str) -> Ledger:
         with self._lock:

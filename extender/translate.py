@@ -16,13 +16,17 @@ from topology.allocation import ALLOCATION_ANNOTATION
 from topology.codec import content_hash, decode_topology
 
 
-def node_facts(node: Mapping[str, Any]) -> NodeFacts:
+def node_facts(node: Mapping[str, Any], config: ExtenderConfig | None = None) -> NodeFacts:
     meta = node.get("metadata") or {}
     annotations = meta.get("annotations") or {}
+    names = (config or ExtenderConfig()).resources
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    advertises = any(names.managed(r) and str(q) not in ("0", "") for r, q in allocatable.items())
     return NodeFacts(
         name=str(meta.get("name") or ""),
         cordoned_uuids=parse_cordons(annotations.get(CORDON_ANNOTATION)),
         unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
+        advertises_gpus=advertises,
     )
 
 

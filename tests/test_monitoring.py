@@ -11,7 +11,6 @@ import pytest
 import yaml
 
 from extender.ledger import StaleReason
-from topology.workload import MisfitReason
 
 ROOT = Path(__file__).resolve().parents[1]
 MONITORING = ROOT / "manifests" / "monitoring"
@@ -144,7 +143,7 @@ def test_alerts_are_complete_and_use_real_label_values() -> None:
         assert rule["labels"]["severity"] in ("info", "warning", "critical")
         assert rule["annotations"]["summary"] and rule["expr"].count("(") == rule["expr"].count(")")
     exprs = {r["alert"]: r["expr"] for r in rules}
-    assert f'reason="{MisfitReason.NO_TOPOLOGY.value}"' in exprs["LinkpackNodesWithoutTopology"]
+    assert "linkpack_node_topology_missing" in exprs["LinkpackNodesWithoutTopology"]
     (alternatives,) = re.findall(r'reason=~"([^"]+)"', exprs["LinkpackAllocationsRolledBack"])
     service_text = (ROOT / "extender" / "service.py").read_text()
     for reason in alternatives.split("|"):

@@ -50,3 +50,24 @@ def test_health_readiness_and_metrics(service: ExtenderService) -> None:
 def test_not_ready_until_every_watch_has_listed(config) -> None:
     svc = ExtenderService(config, InMemoryCluster(config))
     assert TestClient(create_app(svc)).get("/readyz").status_code == 503
+
+
+def test_a_gpu_node_without_topology_record_is_exported(
+    service: ExtenderService, cluster: InMemoryCluster
+) -> None:
+    """The alert on nodes without topology reads this gauge; CPU-only nodes never appear in it."""
+    from extender.state import NodeFacts
+    from extender.translate import node_facts
+
+    facts = node_facts(
+        {"metadata": {"name": "gpu-orphan"}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}
+    )
+    assert facts.advertises_gpus
+    assert not node_facts(
+        {"metadata": {"name": "cpu"}, "status": {"allocatable": {"cpu": "64"}}}
+    ).advertises_gpus
+    cluster.add_node(facts, None)
+    cluster.add_node(NodeFacts("cpu-only"), None)
+    text = TestClient(create_app(service)).get("/metrics").text
+    assert 'linkpack_node_topology_missing{node="gpu-orphan"} 1.0' in text
+    assert 'node="cpu-only"' not in text.split("linkpack_node_topology_missing", 1)[1].split("# HELP", 1)[0]
