@@ -236,9 +236,7 @@ class KubeClusterApi:
             else:
                 h.node(node_facts(obj, self._config))
 
-        return _Sink(
-            "nodes", sink, h.synced, lambda o: str(o["metadata"]["name"]), self._forget(h.node_deleted)
-        )
+        return _Sink("nodes", sink, h.synced, lambda o: str(o["metadata"]["name"]), h.node_deleted)
 
     def _on_topology(self, h: WatchHandlers) -> _Sink:
         def sink(event: str, obj: Mapping[str, Any]) -> None:
@@ -285,10 +283,6 @@ class KubeClusterApi:
                 h.pod(pod_view(obj))
 
         return _Sink("pods", sink, h.synced, lambda o: str(o["metadata"].get("uid") or ""), h.pod_deleted)
-
-    @staticmethod
-    def _forget(fn: Callable[[str], None]) -> Callable[[str], None]:
-        return fn
 
 
 class _Sink:

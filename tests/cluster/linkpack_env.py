@@ -164,6 +164,3 @@ def wait_until(predicate: Any, timeout_s: float, what: str, interval_s: float = 
             return
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
-REPO = REPO_ROOT
