@@ -15,11 +15,12 @@ import uvicorn
 from extender.__main__ import handlers_for
 from extender.app import create_app
 from extender.config import ExtenderConfig
-from extender.ledger import Ledger, LedgerEntry
-from extender.memory_api import InMemoryCluster
+from contract.ledger import Ledger, LedgerEntry
+from extender.in_memory_cluster import InMemoryCluster
 from extender.service import ExtenderService
-from extender.state import NodeFacts, TopologyRecord
-from topology.allocation import Allocation
+from contract.gpu_topology import as_published
+from extender.snapshot import NodeFacts
+from contract.allocation import Allocation
 from topology.catalog import load_machine
 from topology.model import NodeTopology
 from topology.placement import place
@@ -57,7 +58,7 @@ def build_fleet(nodes: int, seed: int = 1) -> tuple[ExtenderConfig, InMemoryClus
             entries.append(
                 LedgerEntry(f"{name}-load-{k}", "load", f"{name}-{k}", Allocation(name, outcome.grants), 0.0)
             )
-        cluster.add_node(NodeFacts(name), TopologyRecord(topology))
+        cluster.add_node(NodeFacts(name), as_published(name, topology))
         if entries:
             cluster.write_ledger(Ledger(name, tuple(entries)))
     return config, cluster

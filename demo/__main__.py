@@ -92,8 +92,10 @@ def _real_cluster(
             raise SystemExit("error: the cluster's nodes, pods and topology records did not list within 60 s")
         time.sleep(0.2)
     nodes = []
-    for name in service.state.node_names():
-        record = service.state.topology_record(name)
+    snapshot = service.store.snapshot()
+    for name in snapshot.node_names():
+        entry = snapshot.node(name)
+        record = entry.published if entry is not None else None
         if record is not None and record.topology.gpus:
             t = record.topology
             nodes.append(DemoNode(name, "(published)", t.gpu_count, t.gpus[0].model, t.sources))
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                     break
             except httpx.TransportError:
                 time.sleep(0.05)
-        names = [n.name for n in nodes] or list(service.state.node_names())
+        names = [n.name for n in nodes] or list(service.store.snapshot().node_names())
         outcomes = []
         started = time.perf_counter()
         for pod in pod_stream(args.pods, args.seed):

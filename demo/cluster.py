@@ -11,9 +11,9 @@ import json
 from dataclasses import dataclass, replace
 
 from extender.config import ExtenderConfig
-from extender.memory_api import InMemoryCluster
-from extender.state import NodeFacts
-from extender.translate import topology_record
+from extender.in_memory_cluster import InMemoryCluster
+from extender.snapshot import NodeFacts
+from extender.translate import read_gpu_topology
 from node_agent.discovery import discover
 from node_agent.nvml_simulated import SimulatedNvml, simulated_uuid
 from topology.catalog import load_machine
@@ -51,7 +51,9 @@ def build_cluster(
         )
         found = discover(SimulatedNvml(per_node, node_name=node_name), None)
         published = json.loads(json.dumps(encode_topology(found.topology)))  # what goes on the wire
-        _, record = topology_record({"metadata": {"name": node_name}, "spec": published})
+        _, record, problem = read_gpu_topology({"metadata": {"name": node_name}, "spec": published})
+        if record is None:
+            raise ValueError(problem)
         cluster.add_node(NodeFacts(node_name), record)
         described.append(
             DemoNode(

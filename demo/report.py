@@ -8,7 +8,8 @@ from typing import Any, Protocol
 
 from demo.cluster import DemoNode
 from extender.service import ExtenderService
-from topology.allocation import ALLOCATION_ANNOTATION, decode_allocation
+from contract.allocation import decode_allocation
+from contract.keys import ALLOCATION_ANNOTATION
 from topology.bandwidth import link_bandwidth
 from topology.fragmentation import node_state_fragmentation
 from topology.model import LinkKind, NodeTopology
@@ -57,7 +58,8 @@ def render_report(
         if not o.node:
             continue
         alloc = decode_allocation(pods[o.pod]["metadata"]["annotations"][ALLOCATION_ANNOTATION])
-        record = service.state.topology_record(o.node)
+        entry = service.store.snapshot().node(o.node)
+        record = entry.published if entry is not None else None
         assert record is not None
         share = "whole"
         if not alloc.grants[0].whole:
@@ -76,8 +78,9 @@ def render_report(
         f"{'node':<14} {'whole':>5} {'shared':>6} {'free':>5}  {'mem used/total GiB':>19}  fragmentation (GPU)",
     ]
     totals = [0, 0, 0]
-    for name in service.state.node_names():
-        state = service.state.node_state(name)
+    snapshot = service.store.snapshot()
+    for name in snapshot.node_names():
+        state = snapshot.node_state(name)
         if state is None:
             continue
         whole = sum(1 for u in state.usage if u.whole)

@@ -18,7 +18,7 @@ from extender.service import ExtenderService
 
 
 def handlers_for(service: ExtenderService) -> WatchHandlers:
-    s = service.state
+    s = service.store
     return WatchHandlers(
         node=s.apply_node,
         node_deleted=s.remove_node,

@@ -1,8 +1,15 @@
-"""The HTTP face of the extender: FastAPI routes, each a line over `ExtenderService`."""
+"""The HTTP face of the extender: FastAPI routes, each a line over `ExtenderService`.
+
+The verbs' work (JSON decoding, placement, scoring, API writes) runs on the thread pool; the
+event loop only moves bytes, so `/healthz`, `/metrics` and other calls never wait behind a
+slow filter.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
@@ -12,30 +19,45 @@ from extender.debug_routes import register_debug_routes
 from extender.metrics import CONTENT_TYPE
 from extender.service import ExtenderService
 
+T = TypeVar("T")
 
-async def _body(request: Request) -> object:
+
+def _decode(raw: bytes) -> object:
     """The JSON body, or None when it is not JSON (the verbs then answer with a clear Error)."""
     try:
-        return await request.json()
+        return json.loads(raw)
     except ValueError:
         return None
+
+
+def _verb(fn: Callable[[object], T]) -> Callable[[bytes], T]:
+    def run(raw: bytes) -> T:
+        return fn(_decode(raw))
+
+    return run
 
 
 def create_app(service: ExtenderService) -> FastAPI:
     app = FastAPI(title="Linkpack scheduler extender", docs_url=None, redoc_url=None)
     app.state.service = service
 
+    filter_body, prioritize_body, bind_body = (
+        _verb(service.filter),
+        _verb(service.prioritize),
+        _verb(service.bind),
+    )
+
     @app.post("/filter")
     async def filter_verb(request: Request) -> dict[str, Any]:
-        return service.filter(await _body(request))
+        return await run_in_threadpool(filter_body, await request.body())
 
     @app.post("/prioritize")
     async def prioritize_verb(request: Request) -> list[dict[str, Any]]:
-        return service.prioritize(await _body(request))
+        return await run_in_threadpool(prioritize_body, await request.body())
 
     @app.post("/bind")
     async def bind_verb(request: Request) -> dict[str, str]:
-        return await run_in_threadpool(service.bind, await _body(request))
+        return await run_in_threadpool(bind_body, await request.body())
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:

@@ -15,17 +15,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from contract.allocation import Allocation, encode_allocation, enforcement_for
+from contract.keys import ALLOCATION_ANNOTATION
+from contract.ledger import Ledger, LedgerEntry
+from contract.node_state import build_node_state
 from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, ClusterApi
+from extender.cluster_store import ClusterStore
 from extender.config import ExtenderConfig
-from extender.ledger import Ledger, LedgerEntry
 from extender.pod_requests import PodRequest, RequestError, read_pod_request
-from extender.state import ClusterState
-from topology.accounting import node_state_from_grants
-from topology.allocation import ALLOCATION_ANNOTATION, Allocation, encode_allocation, enforcement_for
+from extender.snapshot import NodeFacts
 from topology.placement import place
 from topology.workload import Misfit, MisfitReason
-
-MPS_LABEL = "linkpack.io/mps"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,16 +42,14 @@ class Binder:
     def __init__(
         self,
         api: ClusterApi,
-        state: ClusterState,
+        store: ClusterStore,
         config: ExtenderConfig,
         clock: Callable[[], float] = time.time,
-        mps_nodes: Callable[[str], bool] = lambda _node: False,
     ) -> None:
         self._api = api
-        self._state = state
+        self._store = store
         self._config = config
         self._clock = clock
-        self._mps_nodes = mps_nodes
 
     def bind(
         self, namespace: str, name: str, uid: str, node: str, known: PodRequest | None = None
@@ -67,18 +65,18 @@ class Binder:
             return BindResult(error=f"pod {namespace}/{name} no longer exists")
         except ApiError as exc:
             return BindResult(error=f"reading pod {namespace}/{name}: {exc}")
-        if uid and pod.view.uid != uid:
+        if uid and pod.tracked.uid != uid:
             return BindResult(
-                error=f"pod {namespace}/{name} was re-created (uid {pod.view.uid}, expected {uid})"
+                error=f"pod {namespace}/{name} was re-created (uid {pod.tracked.uid}, expected {uid})"
             )
-        if pod.view.node_name and pod.view.node_name != node:
-            return BindResult(error=f"pod {namespace}/{name} is already bound to {pod.view.node_name}")
+        if pod.tracked.node_name and pod.tracked.node_name != node:
+            return BindResult(error=f"pod {namespace}/{name} is already bound to {pod.tracked.node_name}")
         parsed = read_pod_request(pod.manifest, self._config)
         if isinstance(parsed, RequestError):
             return BindResult(error=parsed.message)
         if parsed is None:
-            return self._plain_bind(namespace, name, pod.view.uid, pod.resource_version, node)
-        return self._gpu_bind(parsed, pod.resource_version, node, pod.view.node_name == node)
+            return self._plain_bind(namespace, name, pod.tracked.uid, pod.resource_version, node)
+        return self._gpu_bind(parsed, pod.resource_version, node, pod.tracked.node_name == node)
 
     def _plain_bind(self, namespace: str, name: str, uid: str, rv: str, node: str) -> BindResult:
         try:
@@ -88,7 +86,7 @@ class Binder:
         return BindResult(attempts=1)
 
     def _gpu_bind(self, pod: PodRequest, pod_rv: str, node: str, already_bound: bool) -> BindResult:
-        ledger = self._state.ledger(node)
+        ledger = self._store.snapshot().ledger(node)
         for attempt in range(1, self._config.bind_retries + 1):
             existing = ledger.by_uid().get(pod.pod.uid)
             if existing is not None:
@@ -98,35 +96,35 @@ class Binder:
                 if isinstance(planned, Misfit):
                     return BindResult(error=f"node {node}: {planned.message}", attempts=attempt)
                 entry = planned
-                self._state.begin_bind(node, pod.pod.uid, entry.allocation.grants)
+                self._store.begin_bind(node, pod.pod.uid, entry.allocation.grants)
                 try:
                     ledger = self._api.write_ledger(ledger.with_entry(entry))
                 except ApiConflict:
-                    self._state.end_bind(node, pod.pod.uid)
+                    self._store.end_bind(node, pod.pod.uid)
                     ledger = self._fresh_ledger(node, ledger)
                     continue
                 except ApiError as exc:
-                    self._state.end_bind(node, pod.pod.uid)
+                    self._store.end_bind(node, pod.pod.uid)
                     return BindResult(error=f"committing allocation on {node}: {exc}", attempts=attempt)
-                self._state.apply_ledger(ledger)
+                self._store.apply_ledger(ledger)
             if already_bound:
                 return BindResult(allocation=entry.allocation, attempts=attempt)
             return self._bind_or_roll_back(pod, pod_rv, node, entry, attempt)
         return BindResult(error=f"node {node}: gave up after {self._config.bind_retries} conflicting commits")
 
     def _plan(self, pod: PodRequest, ledger: Ledger) -> LedgerEntry | Misfit:
-        record = self._state.topology_record(ledger.node)
-        if record is None:
+        """Place on the node as its ledger stands (not counting other binds in flight: the
+        ledger's compare-and-swap settles those), with the node's own cordons and health."""
+        node = self._store.snapshot().node(ledger.node)
+        if node is None or node.published is None:
             return Misfit(MisfitReason.NO_TOPOLOGY, resolvable=False)
-        facts = self._state.node_facts(ledger.node)
-        cordoned = facts.cordoned_uuids if facts else frozenset()
-        node_state, _ = node_state_from_grants(
-            ledger.node,
-            record.topology,
+        facts = node.facts
+        node_state, _ = build_node_state(
+            node.published,
             ledger.grants(),
             self._config.units_per_gpu,
-            record.unhealthy,
-            frozenset(g.index for g in record.topology.gpus if g.uuid in cordoned),
+            facts.cordons if facts is not None else NodeFacts(ledger.node).cordons,
+            facts.unschedulable if facts is not None else False,
         )
         outcome = place(node_state, pod.request, pod.policy)
         if isinstance(outcome, Misfit):
@@ -135,7 +133,8 @@ class Binder:
             node=ledger.node,
             grants=outcome.grants,
             generation=1,
-            enforcement=enforcement_for(outcome.grants, self._mps_nodes(ledger.node)),
+            # decided once, from what the node publishes about itself, and recorded for the node
+            enforcement=enforcement_for(outcome.grants, node.mps_active),
             resources=pod.resources,
         )
         return LedgerEntry(pod.pod.uid, pod.pod.namespace, pod.pod.name, allocation, self._clock())
@@ -168,18 +167,18 @@ class Binder:
             current = self._api.read_pod(pod.pod.namespace, pod.pod.name)
         except ApiError:
             return False
-        return current.view.uid == pod.pod.uid and current.view.node_name == node
+        return current.tracked.uid == pod.pod.uid and current.tracked.node_name == node
 
     def release(self, node: str, uid: str) -> bool:
         """Remove `uid`'s entry from the node's ledger (retrying on conflicts); True when gone."""
-        self._state.end_bind(node, uid)
-        ledger = self._state.ledger(node)
+        self._store.end_bind(node, uid)
+        ledger = self._store.snapshot().ledger(node)
         for _ in range(self._config.bind_retries * 2):
             if uid not in ledger.by_uid():
                 return True
             try:
                 ledger = self._api.write_ledger(ledger.without([uid]))
-                self._state.apply_ledger(ledger)
+                self._store.apply_ledger(ledger)
                 return True
             except ApiConflict:
                 ledger = self._fresh_ledger(node, ledger)

@@ -1,6 +1,6 @@
 """What the extender needs from Kubernetes, as a Protocol over our own types.
 
-`extender.kube` implements it over the real API; `extender.embedded` implements it in memory
+`extender.kube` implements it over the real API; `extender.in_memory_cluster` implements it in memory
 for the demo and for fast tests. Errors are our own three kinds, never client exceptions.
 """
 
@@ -10,8 +10,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from extender.ledger import Ledger
-from extender.state import NodeFacts, PodView, TopologyRecord
+from contract.gpu_topology import PublishedTopology
+from contract.ledger import Ledger
+from extender.snapshot import NodeFacts, TrackedPod
 
 
 class ApiError(Exception):
@@ -30,7 +31,7 @@ class ApiNotFound(ApiError):
 class PodObject:
     """A pod read fresh from the API: our view of it plus its manifest for request parsing."""
 
-    view: PodView
+    tracked: TrackedPod
     resource_version: str
     manifest: Mapping[str, Any]
 
@@ -41,10 +42,10 @@ class WatchHandlers:
 
     node: Callable[[NodeFacts], None]
     node_deleted: Callable[[str], None]
-    topology: Callable[[str, TopologyRecord | None], None]
+    topology: Callable[[str, PublishedTopology | None, str], None]  # node, object, problem
     ledger: Callable[[Ledger], None]
     ledger_deleted: Callable[[str], None]
-    pod: Callable[[PodView], None]
+    pod: Callable[[TrackedPod], None]
     pod_deleted: Callable[[str], None]
     synced: Callable[[str], None]
 

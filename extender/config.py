@@ -7,20 +7,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from contract.keys import DEFAULT_NAMESPACE, DEFAULT_SCHEDULER_NAME
+from contract.resources import ResourceConfigError, ResourceNames, units_per_gpu_from_env
 from topology.workload import DEFAULT_UNITS_PER_GPU, Policy, PolicyName
-
-
-@dataclass(frozen=True, slots=True)
-class ResourceNames:
-    """The extended resource names pods use to ask for GPUs (configurable per cluster)."""
-
-    whole: str = "nvidia.com/gpu"
-    shared_units: str = "nvidia.com/gpu.shared"
-    memory_mib: str = "nvidia.com/gpu.memory"
-    mig_prefix: str = "nvidia.com/mig-"
-
-    def managed(self, name: str) -> bool:
-        return name in (self.whole, self.shared_units, self.memory_mib) or name.startswith(self.mig_prefix)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,8 +17,8 @@ class ExtenderConfig:
     """Everything the extender can be told. Defaults suit a production install."""
 
     resources: ResourceNames = field(default_factory=ResourceNames)
-    namespace: str = "linkpack-system"
-    scheduler_name: str = "linkpack"
+    namespace: str = DEFAULT_NAMESPACE
+    scheduler_name: str = DEFAULT_SCHEDULER_NAME
     units_per_gpu: int = DEFAULT_UNITS_PER_GPU
     reservation_timeout_s: float = 120.0
     bind_retries: int = 5
@@ -61,12 +50,11 @@ def config_from_env(env: Mapping[str, str] | None = None) -> ExtenderConfig:
     """Build the configuration from `LINKPACK_*` variables; unknown values raise ConfigError."""
     env = os.environ if env is None else env
     defaults = ExtenderConfig()
-    names = ResourceNames(
-        whole=env.get("LINKPACK_RESOURCE_GPU", defaults.resources.whole),
-        shared_units=env.get("LINKPACK_RESOURCE_SHARED", defaults.resources.shared_units),
-        memory_mib=env.get("LINKPACK_RESOURCE_MEMORY", defaults.resources.memory_mib),
-        mig_prefix=env.get("LINKPACK_RESOURCE_MIG_PREFIX", defaults.resources.mig_prefix),
-    )
+    try:
+        names = ResourceNames.from_env(env)
+        units_per_gpu = units_per_gpu_from_env(env)
+    except ResourceConfigError as exc:
+        raise ConfigError(str(exc)) from exc
     weights = _weights(env, defaults)
     default_policy = env.get("LINKPACK_DEFAULT_POLICY", defaults.default_policy)
     if default_policy not in weights:
@@ -75,7 +63,7 @@ def config_from_env(env: Mapping[str, str] | None = None) -> ExtenderConfig:
         resources=names,
         namespace=env.get("LINKPACK_NAMESPACE", defaults.namespace),
         scheduler_name=env.get("LINKPACK_SCHEDULER_NAME", defaults.scheduler_name),
-        units_per_gpu=_positive_int(env, "LINKPACK_UNITS_PER_GPU", defaults.units_per_gpu),
+        units_per_gpu=units_per_gpu,
         reservation_timeout_s=_positive_float(
             env, "LINKPACK_RESERVATION_TIMEOUT_S", defaults.reservation_timeout_s
         ),

@@ -1,8 +1,10 @@
-"""Filter and prioritize as pure decisions over the cluster state.
+"""Filter and prioritize as pure decisions over one cluster snapshot.
 
 `Decider` adds one thing to the pure core: a memo of placements and scoring terms per
 (request, policy) and node, valid while the node's state version is unchanged, so that the
 thousands of nodes in one call cost a dictionary lookup each unless something on them changed.
+Every call decides on the one `ClusterSnapshot` it is given; the memo of one request kind is
+locked while a call uses it, so calls may run on several threads.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from extender.cluster_store import ClusterStore
 from extender.pod_requests import PodRequest
-from extender.state import ClusterState
+from extender.snapshot import ClusterSnapshot
 from topology.placement import place
 from topology.scoring import Ranking, RawTerms, combine, default_fragmentation, node_terms
 from topology.workload import Misfit, MisfitReason, Outcome, Placement, Policy, Request
@@ -50,9 +53,10 @@ class _FilterMemo:
 class _Memo:
     """Per node: (state version, placement outcome), (state version, scoring terms); per list: filter."""
 
-    __slots__ = ("filters", "outcomes", "rankings", "terms")
+    __slots__ = ("filters", "lock", "outcomes", "rankings", "terms")
 
     def __init__(self) -> None:
+        self.lock = threading.Lock()
         self.outcomes: dict[str, tuple[int, Outcome]] = {}
         self.terms: dict[str, tuple[int, RawTerms]] = {}
         self.filters: dict[tuple[str, ...], _FilterMemo] = {}
@@ -60,10 +64,10 @@ class _Memo:
 
 
 class Decider:
-    """Places requests on nodes of a `ClusterState`, remembering results per node version."""
+    """Places requests on nodes of cluster snapshots, remembering results per node version."""
 
-    def __init__(self, state: ClusterState) -> None:
-        self._state = state
+    def __init__(self, store: ClusterStore) -> None:
+        self._store = store
         self._memos: dict[tuple[Request, Policy], _Memo] = {}
         self._lock = threading.Lock()
         self._fragmentation = default_fragmentation()
@@ -78,31 +82,40 @@ class Decider:
                 memo = self._memos[key] = _Memo()
             return memo
 
-    def outcome(self, node: str, request: Request, policy: Policy) -> Outcome:
-        """Where `request` would go on `node` now (or why it cannot)."""
+    def outcome(self, snapshot: ClusterSnapshot, node: str, request: Request, policy: Policy) -> Outcome:
+        """Where `request` would go on `node` in this snapshot (or why it cannot)."""
         memo = self._memo(request, policy)
-        (version,) = self._state.node_versions((node,))
-        return self._outcome(memo, node, version, request, policy)
+        with memo.lock:
+            return self._outcome(snapshot, memo, node, request, policy)
 
-    def _outcome(self, memo: _Memo, node: str, version: int, request: Request, policy: Policy) -> Outcome:
+    def _outcome(
+        self, snapshot: ClusterSnapshot, memo: _Memo, node: str, request: Request, policy: Policy
+    ) -> Outcome:
+        version = snapshot.version(node)
         hit = memo.outcomes.get(node)
         if hit is not None and hit[0] == version:
             return hit[1]
-        state = self._state.node_state(node)
+        state = snapshot.node_state(node)
         result: Outcome = _NO_TOPOLOGY if state is None else place(state, request, policy)
         memo.outcomes[node] = (version, result)
         return result
 
-    def filter(self, pod: PodRequest, node_names: Sequence[str]) -> FilterOutcome:
+    def filter(self, snapshot: ClusterSnapshot, pod: PodRequest, node_names: Sequence[str]) -> FilterOutcome:
         """Which nodes fit; only nodes changed since the same list was last asked are re-placed."""
         memo = self._memo(pod.request, pod.policy)
-        key = tuple(node_names)
+        with memo.lock:
+            return self._filter(snapshot, memo, pod, tuple(node_names))
+
+    def _filter(
+        self, snapshot: ClusterSnapshot, memo: _Memo, pod: PodRequest, key: tuple[str, ...]
+    ) -> FilterOutcome:
         found = memo.filters.get(key)
-        generation, changed = self._state.changes_since(found.generation if found else 0)
+        generation = snapshot.generation
+        changed = self._store.changes_between(found.generation, generation) if found else None
         if found is None or changed is None:
-            found = self._full_filter(memo, key, pod, generation)
+            found = self._full_filter(snapshot, memo, key, pod)
         elif changed:
-            self._refresh(memo, found, changed & found.names, pod)
+            self._refresh(snapshot, memo, found, changed & found.names, pod)
             found.generation = generation
         if not found.ordered or changed:
             found.ordered = tuple(n for n in key if n in found.passed)
@@ -112,20 +125,25 @@ class Decider:
         )
 
     def _full_filter(
-        self, memo: _Memo, key: tuple[str, ...], pod: PodRequest, generation: int
+        self, snapshot: ClusterSnapshot, memo: _Memo, key: tuple[str, ...], pod: PodRequest
     ) -> _FilterMemo:
-        found = _FilterMemo(generation, frozenset(key), set(), {}, {}, {})
-        self._refresh(memo, found, key, pod)
+        found = _FilterMemo(snapshot.generation, frozenset(key), set(), {}, {}, {})
+        self._refresh(snapshot, memo, found, key, pod)
         if len(memo.filters) >= 4:
             memo.filters.pop(next(iter(memo.filters)))
         memo.filters[key] = found
         return found
 
-    def _refresh(self, memo: _Memo, found: _FilterMemo, names: Iterable[str], pod: PodRequest) -> None:
-        names = tuple(names)
-        versions = self._state.node_versions(names)
-        for name, version in zip(names, versions, strict=True):
-            result = self._outcome(memo, name, version, pod.request, pod.policy)
+    def _refresh(
+        self,
+        snapshot: ClusterSnapshot,
+        memo: _Memo,
+        found: _FilterMemo,
+        names: Iterable[str],
+        pod: PodRequest,
+    ) -> None:
+        for name in names:
+            result = self._outcome(snapshot, memo, name, pod.request, pod.policy)
             found.failed.pop(name, None)
             found.unresolvable.pop(name, None)
             found.misfits.pop(name, None)
@@ -136,12 +154,18 @@ class Decider:
                 found.misfits[name] = result
                 (found.failed if result.resolvable else found.unresolvable)[name] = result.message
 
-    def prioritize(self, pod: PodRequest, node_names: Sequence[str]) -> Ranking:
+    def prioritize(self, snapshot: ClusterSnapshot, pod: PodRequest, node_names: Sequence[str]) -> Ranking:
         """Scores for the nodes; only nodes changed since the same list was last scored are redone."""
         memo = self._memo(pod.request, pod.policy)
-        key = tuple(node_names)
+        with memo.lock:
+            return self._prioritize(snapshot, memo, pod, tuple(node_names))
+
+    def _prioritize(
+        self, snapshot: ClusterSnapshot, memo: _Memo, pod: PodRequest, key: tuple[str, ...]
+    ) -> Ranking:
         found = memo.rankings.get(key)
-        generation, changed = self._state.changes_since(found[0] if found else 0)
+        generation = snapshot.generation
+        changed = self._store.changes_between(found[0], generation) if found else None
         if found is not None and changed is not None and not changed:
             return found[2]
         if found is None or changed is None:
@@ -150,21 +174,21 @@ class Decider:
         else:
             terms = found[1]
             positions = [i for i, n in enumerate(key) if n in changed]
-        names = [key[i] for i in positions]
-        for i, name, version in zip(positions, names, self._state.node_versions(names), strict=True):
-            terms[i] = self._terms(memo, name, version, pod)
+        for i in positions:
+            terms[i] = self._terms(snapshot, memo, key[i], pod)
         ranking = combine([t for t in terms if t is not None], pod.policy)
         if found is None and len(memo.rankings) >= 4:
             memo.rankings.pop(next(iter(memo.rankings)))
         memo.rankings[key] = (generation, terms, ranking)
         return ranking
 
-    def _terms(self, memo: _Memo, name: str, version: int, pod: PodRequest) -> RawTerms | None:
+    def _terms(self, snapshot: ClusterSnapshot, memo: _Memo, name: str, pod: PodRequest) -> RawTerms | None:
+        version = snapshot.version(name)
         hit = memo.terms.get(name)
         if hit is not None and hit[0] == version:
             return hit[1]
-        state = self._state.node_state(name)
-        result = self._outcome(memo, name, version, pod.request, pod.policy)
+        state = snapshot.node_state(name)
+        result = self._outcome(snapshot, memo, name, pod.request, pod.policy)
         if state is None or not isinstance(result, Placement):
             return None
         found = node_terms(state, result, pod.request, pod.policy, self._fragmentation)

@@ -18,16 +18,21 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from contract.keys import (
+    EXTENDER_COMPONENT,
+    GROUP,
+    LEDGER_LABEL,
+    TOPOLOGY_PLURAL,
+    TOPOLOGY_VERSION,
+    ledger_name,
+    ledger_node,
+)
+from contract.ledger import Ledger, encode_ledger, ledger_from_config_map
 from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, PodObject, WatchHandlers
 from extender.config import ExtenderConfig
-from extender.ledger import LEDGER_LABEL, Ledger, encode_ledger, ledger_name
-from extender.translate import ledger_from_config_map, node_facts, pod_is_tracked, pod_view, topology_record
+from extender.translate import node_facts, pod_is_tracked, read_gpu_topology, tracked_pod
 
 log = logging.getLogger("linkpack.extender.kube")
-
-TOPOLOGY_GROUP = "linkpack.io"
-TOPOLOGY_VERSION = "v1alpha1"
-TOPOLOGY_PLURAL = "gputopologies"
 
 
 def load_client(kubeconfig: str | None) -> client.ApiClient:
@@ -91,7 +96,7 @@ class KubeClusterApi:
             pod = json.loads(raw.data)
         except _FAILURES as exc:
             raise _translate(exc, f"read pod {namespace}/{name}") from exc
-        return PodObject(pod_view(pod), str(pod["metadata"].get("resourceVersion") or ""), pod)
+        return PodObject(tracked_pod(pod), str(pod["metadata"].get("resourceVersion") or ""), pod)
 
     def read_ledger(self, node: str) -> Ledger:
         try:
@@ -185,7 +190,7 @@ class KubeClusterApi:
             "reason": reason,
             "message": message[:1024],
             "type": "Warning" if warning else "Normal",
-            "source": {"component": "linkpack-extender"},
+            "source": {"component": EXTENDER_COMPONENT},
             "firstTimestamp": now,
             "lastTimestamp": now,
             "count": 1,
@@ -203,7 +208,7 @@ class KubeClusterApi:
             _ListWatch(
                 "topologies",
                 lambda **kw: self._custom.list_cluster_custom_object(
-                    TOPOLOGY_GROUP, TOPOLOGY_VERSION, TOPOLOGY_PLURAL, **kw
+                    GROUP, TOPOLOGY_VERSION, TOPOLOGY_PLURAL, **kw
                 ),
                 self._on_topology(handlers),
                 stop,
@@ -234,7 +239,7 @@ class KubeClusterApi:
             if event == "DELETED":
                 h.node_deleted(str(obj["metadata"]["name"]))
             else:
-                h.node(node_facts(obj, self._config))
+                h.node(node_facts(obj, self._config.resources))
 
         return _Sink("nodes", sink, h.synced, lambda o: str(o["metadata"]["name"]), h.node_deleted)
 
@@ -242,18 +247,19 @@ class KubeClusterApi:
         def sink(event: str, obj: Mapping[str, Any]) -> None:
             name = str(obj["metadata"]["name"])
             if event == "DELETED":
-                h.topology(name, None)
+                h.topology(name, None, "")
                 return
-            try:
-                node, record = topology_record(obj)
-            except ValueError as exc:
-                log.error("GpuTopology %s is malformed, node treated as without topology: %s", name, exc)
-                h.topology(name, None)
-                return
-            h.topology(node, record)
+            node, published, problem = read_gpu_topology(obj)
+            if problem:
+                log.error("node %s treated as without topology: %s", name, problem)
+            h.topology(node or name, published, problem)
 
         return _Sink(
-            "topologies", sink, h.synced, lambda o: str(o["metadata"]["name"]), lambda n: h.topology(n, None)
+            "topologies",
+            sink,
+            h.synced,
+            lambda o: str(o["metadata"]["name"]),
+            lambda n: h.topology(n, None, ""),
         )
 
     def _on_ledger(self, h: WatchHandlers) -> _Sink:
@@ -269,7 +275,7 @@ class KubeClusterApi:
                 h.ledger(ledger)
 
         def node_of(o: Mapping[str, Any]) -> str:
-            return str(o["metadata"]["name"])[len("linkpack-ledger-") :]
+            return ledger_node(str(o["metadata"]["name"]))
 
         return _Sink("ledgers", sink, h.synced, node_of, h.ledger_deleted)
 
@@ -280,7 +286,7 @@ class KubeClusterApi:
             if event == "DELETED":
                 h.pod_deleted(str(obj["metadata"].get("uid") or ""))
             elif pod_is_tracked(obj, cfg):
-                h.pod(pod_view(obj))
+                h.pod(tracked_pod(obj))
 
         return _Sink("pods", sink, h.synced, lambda o: str(o["metadata"].get("uid") or ""), h.pod_deleted)
 

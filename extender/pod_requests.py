@@ -1,32 +1,21 @@
 """Read what a pod asks for out of its Kubernetes JSON, into a `topology` request.
 
 This is the edge where a Pod object becomes a frozen `PodRequest`; nothing past it sees JSON.
+The effective request of the pod (sidecars included) is the contract's rule
+(`contract.pod_demand`), the same one the node's device plugin applies.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from fractions import Fraction
 from typing import Any
 
+from contract.keys import MIN_LINK_ANNOTATION, NEAR_NIC_ANNOTATION, POLICY_ANNOTATION
+from contract.pod_demand import PodSpecError, container_demands, effective_amounts
+from contract.pods import PodRef, pod_ref
 from extender.config import ExtenderConfig
-from topology.allocation import POLICY_ANNOTATION
 from topology.workload import GpuShare, MigSlice, Policy, Request, WholeGpus
-
-NEAR_NIC_ANNOTATION = "linkpack.io/near-nic"
-MIN_LINK_ANNOTATION = "linkpack.io/min-link-gbps"
-
-
-@dataclass(frozen=True, slots=True)
-class PodRef:
-    namespace: str
-    name: str
-    uid: str
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,19 +36,15 @@ class RequestError:
     message: str
 
 
-def pod_ref(pod: Mapping[str, Any]) -> PodRef:
-    meta = pod.get("metadata") or {}
-    return PodRef(
-        str(meta.get("namespace") or "default"), str(meta.get("name") or ""), str(meta.get("uid") or "")
-    )
-
-
 def read_pod_request(pod: Mapping[str, Any], config: ExtenderConfig) -> PodRequest | RequestError | None:
     """The pod's GPU request; None when it asks for no GPU resource we manage."""
     ref = pod_ref(pod)
+    spec = pod.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        return RequestError(ref, "the pod's spec is not an object")
     try:
-        amounts = _managed_amounts(pod, config)
-    except ValueError as exc:
+        amounts = effective_amounts(container_demands(spec, config.resources.managed))
+    except PodSpecError as exc:
         return RequestError(ref, str(exc))
     if not amounts:
         return None
@@ -111,68 +96,3 @@ def _request_from(amounts: dict[str, int], near_nic: str | None, config: Extende
         return "a pod may ask for exactly one MIG slice (one resource, quantity 1)"
     (resource,) = migs
     return MigSlice(resource[len(names.mig_prefix) :])
-
-
-def _managed_amounts(pod: Mapping[str, Any], config: ExtenderConfig) -> dict[str, int]:
-    """Effective amount per managed resource: max(sum over containers, largest init container)."""
-    spec = pod.get("spec") or {}
-    running: dict[str, int] = {}
-    for container in spec.get("containers") or []:
-        for name, amount in _container_amounts(container, config).items():
-            running[name] = running.get(name, 0) + amount
-    for container in spec.get("initContainers") or []:
-        for name, amount in _container_amounts(container, config).items():
-            running[name] = max(running.get(name, 0), amount)
-    return {name: amount for name, amount in running.items() if amount > 0}
-
-
-def _container_amounts(container: Mapping[str, Any], config: ExtenderConfig) -> dict[str, int]:
-    resources = container.get("resources") or {}
-    merged: dict[str, Any] = dict(resources.get("limits") or {})
-    merged.update(resources.get("requests") or {})
-    out: dict[str, int] = {}
-    for name, raw in merged.items():
-        if config.resources.managed(name):
-            out[name] = _quantity(name, raw, str(container.get("name") or "?"))
-    return out
-
-
-_DECIMAL = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-
-
-def parse_quantity(text: str) -> Fraction:
-    """A Kubernetes resource quantity ("2", "900k", "1Gi", "500m", "1e3") as an exact number."""
-    text = text.strip()
-    for suffix, factor in _BINARY.items():
-        if text.endswith(suffix):
-            return _number(text[: -len(suffix)], text) * factor
-    if text.endswith("m"):
-        return _number(text[:-1], text) / 1000
-    if text[-1:] in _DECIMAL and not text[-1:].isdigit():
-        return _number(text[:-1], text) * _DECIMAL[text[-1]]
-    mantissa, sep, exponent = text.lower().partition("e")
-    if sep:
-        if not exponent.lstrip("+-").isdigit():
-            raise ValueError(f"not a quantity: {text!r}")
-        return _number(mantissa, text) * Fraction(10) ** int(exponent)
-    return _number(text, text)
-
-
-def _number(digits: str, whole: str) -> Fraction:
-    body = digits[1:] if digits[:1] in "+-" else digits
-    if not body or not body.replace(".", "", 1).isdigit():
-        raise ValueError(f"not a quantity: {whole!r}")
-    return Fraction(digits)
-
-
-def _quantity(name: str, raw: object, container: str) -> int:
-    """Extended resources are whole numbers; the API server may write them as "900k" or "1Ki"."""
-    text = str(raw).strip()
-    try:
-        value = parse_quantity(text)
-    except ValueError:
-        raise ValueError(f"container {container}: {name}={text!r} is not a resource quantity") from None
-    if value.denominator != 1 or value < 0:
-        raise ValueError(f"container {container}: {name}={text!r} must be a whole number")
-    return int(value)

@@ -2,7 +2,7 @@
 
 A ledger entry is stale when its pod was deleted, re-created, finished, bound to another node,
 or never bound within the reservation timeout (an extender that crashed between commit and
-Binding leaves such an entry). Deciding is pure (`extender.ledger.stale_entries`); this loop
+Binding leaves such an entry). Deciding is pure (`extender.stale_entries`); this loop
 only applies the decisions through the binder's release path.
 """
 
@@ -12,20 +12,21 @@ import logging
 import time
 from collections.abc import Callable
 
-from extender.ledger import stale_entries
 from extender.service import ExtenderService
+from extender.stale_entries import stale_entries
 
 log = logging.getLogger("linkpack.extender.reconciler")
 
 
 def reconcile_once(service: ExtenderService, now: float | None = None) -> int:
     """Release every stale entry once; returns how many were released."""
-    if not service.state.synced(("ledgers", "pods")):
+    snapshot = service.store.snapshot()
+    if not snapshot.is_synced(("ledgers", "pods")):
         return 0
     now = time.time() if now is None else now
     released = 0
-    for ledger in service.state.ledgers():
-        facts = service.state.pod_facts(e.pod_uid for e in ledger.entries)
+    for ledger in snapshot.ledgers():
+        facts = snapshot.pod_facts(e.pod_uid for e in ledger.entries)
         for entry, reason in stale_entries(ledger, facts, now, service.config.reservation_timeout_s):
             if service.binder.release(ledger.node, entry.pod_uid):
                 released += 1

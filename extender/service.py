@@ -1,6 +1,8 @@
 """The extender's verbs as plain methods: parse the body, decide, record, answer.
 
-Route handlers in `extender.app` are one line each over this class.
+Each verb takes one cluster snapshot at its start and decides on it alone. The methods are
+plain (blocking, CPU-bound) functions: `extender.app` runs them on a thread pool, never on
+the event loop, and its route handlers are one line each over this class.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.pods import pod_ref
 from extender.binder import Binder
 from extender.cluster_api import ClusterApi
+from extender.cluster_store import ClusterStore
 from extender.config import ExtenderConfig
 from extender.decisions import Decider, FilterOutcome
 from extender.metrics import ExtenderMetrics
-from extender.pod_requests import PodRequest, RequestError, pod_ref, read_pod_request
-from extender.state import ClusterState
+from extender.pod_requests import PodRequest, RequestError, read_pod_request
 from extender.wire import (
     WireError,
     binding_result,
@@ -28,7 +31,6 @@ from extender.wire import (
     priority_list,
 )
 from topology.scoring import Ranking
-from topology.workload import NodeState
 
 SYNC_KINDS = ("nodes", "topologies", "ledgers", "pods")
 _LOG_LIMIT = 2048
@@ -51,15 +53,18 @@ class ExtenderService:
         self,
         config: ExtenderConfig,
         api: ClusterApi,
-        state: ClusterState | None = None,
+        store: ClusterStore | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.api = api
-        self.state = state or ClusterState(config.units_per_gpu)
-        self.decider = Decider(self.state)
-        self.binder = Binder(api, self.state, config, clock)
-        self.metrics = ExtenderMetrics(self.node_states, self.state.gpu_nodes_without_topology)
+        self.store = store or ClusterStore(config.units_per_gpu)
+        self.decider = Decider(self.store)
+        self.binder = Binder(api, self.store, config, clock)
+        self.metrics = ExtenderMetrics(
+            lambda: self.store.snapshot().node_states(),
+            lambda: self.store.snapshot().gpu_nodes_without_topology(),
+        )
         self._log: OrderedDict[str, PodDecisions] = OrderedDict()
         self._log_lock = threading.Lock()
 
@@ -85,7 +90,7 @@ class ExtenderService:
             if isinstance(parsed, RequestError):
                 self.metrics.decisions.labels("filter", "unresolvable", "invalid request").inc()
                 return filter_result(args, (), {}, {n: parsed.message for n in args.node_names})
-            outcome = self.decider.filter(parsed, args.node_names)
+            outcome = self.decider.filter(self.store.snapshot(), parsed, args.node_names)
             log.filtered = outcome
             tally: dict[tuple[str, str], int] = {}
             for misfit in outcome.misfits.values():
@@ -105,7 +110,7 @@ class ExtenderService:
             parsed = read_pod_request(args.pod, self.config)
             if not isinstance(parsed, PodRequest):
                 return priority_list([(n, 0) for n in args.node_names])
-            ranking = self.decider.prioritize(parsed, args.node_names)
+            ranking = self.decider.prioritize(self.store.snapshot(), parsed, args.node_names)
             self._entry(parsed.pod.key).ranking = ranking
             scored = ranking.by_node()
             return priority_list([(n, scored.get(n, 0)) for n in args.node_names])
@@ -135,10 +140,7 @@ class ExtenderService:
     # ------------------------------------------------------------------ views
 
     def ready(self) -> bool:
-        return self.state.synced(SYNC_KINDS)
-
-    def node_states(self) -> list[NodeState]:
-        return [s for n in self.state.node_names() if (s := self.state.node_state(n)) is not None]
+        return self.store.snapshot().is_synced(SYNC_KINDS)
 
     def decisions_for(self, namespace: str, name: str) -> PodDecisions | None:
         with self._log_lock:

@@ -10,9 +10,10 @@ import pytest
 
 from extender.__main__ import handlers_for
 from extender.config import ExtenderConfig
-from extender.memory_api import InMemoryCluster
+from extender.in_memory_cluster import InMemoryCluster
 from extender.service import ExtenderService
-from extender.state import NodeFacts, TopologyRecord
+from contract.gpu_topology import as_published
+from extender.snapshot import NodeFacts
 from topology.model import Gpu, GpuLink, LinkKind, NodeTopology
 
 
@@ -54,8 +55,8 @@ def config() -> ExtenderConfig:
 @pytest.fixture
 def cluster(config: ExtenderConfig) -> InMemoryCluster:
     c = InMemoryCluster(config)
-    c.add_node(NodeFacts("nv-node"), TopologyRecord(hgx_h100()))
-    c.add_node(NodeFacts("pcie-node"), TopologyRecord(two_socket_pcie()))
+    c.add_node(NodeFacts("nv-node"), as_published("nv-node", hgx_h100()))
+    c.add_node(NodeFacts("pcie-node"), as_published("pcie-node", two_socket_pcie()))
     c.add_node(NodeFacts("bare-node"), None)
     return c
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from extender.app import create_app
-from extender.memory_api import InMemoryCluster
+from extender.in_memory_cluster import InMemoryCluster
 from extender.service import ExtenderService
 
 from .conftest import filter_args, gpu_pod
@@ -56,7 +56,7 @@ def test_a_gpu_node_without_topology_record_is_exported(
     service: ExtenderService, cluster: InMemoryCluster
 ) -> None:
     """The alert on nodes without topology reads this gauge; CPU-only nodes never appear in it."""
-    from extender.state import NodeFacts
+    from extender.snapshot import NodeFacts
     from extender.translate import node_facts
 
     facts = node_facts(

@@ -8,9 +8,10 @@ from typing import Any
 
 from extender.__main__ import handlers_for
 from extender.config import ExtenderConfig
-from extender.memory_api import InMemoryCluster
+from extender.in_memory_cluster import InMemoryCluster
 from extender.service import ExtenderService
-from extender.state import NodeFacts, TopologyRecord
+from contract.gpu_topology import as_published
+from extender.snapshot import NodeFacts
 
 from .conftest import hgx_h100, two_socket_pcie
 
@@ -24,8 +25,8 @@ def _golden(verb: str) -> dict[str, Any]:
 def test_captured_filter_prioritize_and_bind_are_served() -> None:
     config = ExtenderConfig()
     cluster = InMemoryCluster(config)
-    cluster.add_node(NodeFacts("golden-a"), TopologyRecord(two_socket_pcie("a")))
-    cluster.add_node(NodeFacts("golden-b"), TopologyRecord(hgx_h100("b")))
+    cluster.add_node(NodeFacts("golden-a"), as_published("golden-a", two_socket_pcie("a")))
+    cluster.add_node(NodeFacts("golden-b"), as_published("golden-b", hgx_h100("b")))
     service = ExtenderService(config, cluster)
     cluster.run_watches(handlers_for(service), lambda: True)
     filter_body = _golden("filter")

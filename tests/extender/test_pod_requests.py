@@ -89,7 +89,7 @@ def test_a_memory_only_share_is_refused_with_the_fix() -> None:
 
 def test_quantities_come_back_from_the_api_server_in_canonical_form() -> None:
     """The API server rewrites 900000 as "900k"; 1024 MiB may arrive as "1Ki"; both are whole numbers."""
-    from extender.pod_requests import parse_quantity
+    from contract.quantity import parse_quantity
 
     assert parse_quantity("900k") == 900_000
     assert parse_quantity("1Ki") == 1024
@@ -109,3 +109,25 @@ def test_a_quantity_that_is_not_one_is_named() -> None:
     pod["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "two"}
     parsed = read_pod_request(pod, CONFIG)
     assert isinstance(parsed, RequestError) and "is not a resource quantity" in parsed.message
+
+
+def test_a_gpu_sidecar_counts_beside_the_app_container() -> None:
+    """A 1-GPU sidecar (restartPolicy Always) and a 1-GPU app container need 2 GPUs, as the kubelet
+    counts them; granting 1 made the kubelet refuse the pod at admission."""
+    pod = gpu_pod(gpus=1)
+    pod["spec"]["initContainers"] = [
+        {"name": "proxy", "restartPolicy": "Always", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    ]
+    parsed = read_pod_request(pod, CONFIG)
+    assert isinstance(parsed, PodRequest) and parsed.request == WholeGpus(2)
+
+
+def test_a_sidecar_before_an_init_container_runs_beside_it() -> None:
+    """A 1-GPU sidecar started before a 2-GPU init container makes that step need 3 GPUs."""
+    pod = gpu_pod()
+    pod["spec"]["initContainers"] = [
+        {"name": "proxy", "restartPolicy": "Always", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+        {"name": "prep", "resources": {"limits": {"nvidia.com/gpu": "2"}}},
+    ]
+    parsed = read_pod_request(pod, CONFIG)
+    assert isinstance(parsed, PodRequest) and parsed.request == WholeGpus(3)

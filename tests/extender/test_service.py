@@ -7,11 +7,12 @@ import threading
 from extender.__main__ import handlers_for
 from extender.cluster_api import ApiError
 from extender.config import ExtenderConfig
-from extender.memory_api import InMemoryCluster
+from extender.in_memory_cluster import InMemoryCluster
 from extender.reconciler import reconcile_once
 from extender.service import ExtenderService
 from topology.accounting import accumulate
-from topology.allocation import ALLOCATION_ANNOTATION, decode_allocation
+from contract.allocation import decode_allocation
+from contract.keys import ALLOCATION_ANNOTATION
 
 from .conftest import filter_args, gpu_pod, hgx_h100
 
@@ -60,13 +61,13 @@ def test_bind_records_the_allocation_on_the_pod_and_in_the_ledger(
 ) -> None:
     assert _bind(service, cluster, gpu_pod("trainer", gpus=2), "pcie-node") == ""
     pod = cluster.read_pod("ml", "trainer")
-    assert pod.view.node_name == "pcie-node"
+    assert pod.tracked.node_name == "pcie-node"
     allocation = decode_allocation(pod.manifest["metadata"]["annotations"][ALLOCATION_ANNOTATION])
     assert allocation.node == "pcie-node" and len(allocation.grants) == 2
     # the two GPUs share a socket: NODE beats SYS
     a, b = allocation.gpu_indices
     assert a // 4 == b // 4
-    assert cluster.read_ledger("pcie-node").by_uid()[pod.view.uid].allocation == allocation
+    assert cluster.read_ledger("pcie-node").by_uid()[pod.tracked.uid].allocation == allocation
 
 
 def test_the_node_fills_up_and_then_filter_says_why(
@@ -162,8 +163,8 @@ def test_deleting_a_pod_frees_its_gpus(service: ExtenderService, cluster: InMemo
 
 def test_a_reservation_that_never_binds_expires(service: ExtenderService, cluster: InMemoryCluster) -> None:
     """A commit left behind by a crash between ledger write and Binding is released after the timeout."""
-    from extender.ledger import LedgerEntry
-    from topology.allocation import Allocation
+    from contract.ledger import LedgerEntry
+    from contract.allocation import Allocation
     from topology.workload import GpuGrant
 
     created = cluster.create_pod(gpu_pod("orphan", gpus=1))
@@ -192,7 +193,7 @@ def test_bind_after_filter_does_not_read_the_pod_again(
         "Error": ""
     }
     assert reads == []
-    assert cluster.read_pod("ml", "fast").view.node_name == "nv-node"
+    assert cluster.read_pod("ml", "fast").tracked.node_name == "nv-node"
 
 
 def test_a_lost_binding_reply_keeps_the_commit(service: ExtenderService, cluster: InMemoryCluster) -> None:
@@ -210,3 +211,52 @@ def test_a_lost_binding_reply_keeps_the_commit(service: ExtenderService, cluster
         {"PodName": "lost-reply", "PodNamespace": "ml", "PodUID": m["uid"], "Node": "nv-node"}
     ) == {"Error": ""}
     assert len(cluster.read_ledger("nv-node").entries) == 1
+
+
+def test_an_upper_case_cordon_keeps_the_gpu_out_of_placements(config: ExtenderConfig) -> None:
+    """GPU UUIDs in the cordon annotation compare case-insensitively: an upper-case paste of seven
+    of eight lower-case UUIDs leaves exactly one GPU to place on."""
+    from dataclasses import replace
+
+    from contract.gpu_topology import as_published
+    from contract.keys import CORDON_ANNOTATION
+    from extender.translate import node_facts
+
+    base = hgx_h100()
+    gpus = tuple(replace(g, uuid=f"GPU-da87d0c6-1a2b-3c4d-5e6f-{g.index:012x}") for g in base.gpus)
+    topology = replace(base, gpus=gpus)
+    cordoned = ",".join(g.uuid.upper() for g in gpus[:7])
+    cluster = InMemoryCluster(config)
+    facts = node_facts({"metadata": {"name": "dgx", "annotations": {CORDON_ANNOTATION: cordoned}}})
+    cluster.add_node(facts, as_published("dgx", topology))
+    service = ExtenderService(config, cluster)
+    cluster.run_watches(handlers_for(service), lambda: True)
+    assert service.filter(filter_args(gpu_pod(gpus=2), ["dgx"]))["NodeNames"] == []
+    pod = gpu_pod("one", gpus=1)
+    assert service.filter(filter_args(pod, ["dgx"]))["NodeNames"] == ["dgx"]
+    assert _bind(service, cluster, pod, "dgx") == ""
+    allocation = decode_allocation(cluster.read_pod("ml", "one").manifest["metadata"]["annotations"][ALLOCATION_ANNOTATION])
+    assert allocation.gpu_indices == (7,)
+
+
+def test_the_enforcement_level_follows_what_the_node_publishes(config: ExtenderConfig) -> None:
+    """A share on a node whose GpuTopology status says MPS is active is recorded as MPS-enforced;
+    the same share elsewhere is cooperative; whole GPUs need no enforcement."""
+    from contract.allocation import Enforcement
+    from contract.gpu_topology import as_published
+    from extender.snapshot import NodeFacts
+
+    cluster = InMemoryCluster(config)
+    cluster.add_node(NodeFacts("mps"), as_published("mps", hgx_h100("m"), mps_active=True))
+    cluster.add_node(NodeFacts("plain"), as_published("plain", hgx_h100("p")))
+    service = ExtenderService(config, cluster)
+    cluster.run_watches(handlers_for(service), lambda: True)
+
+    def level(name: str, node: str, **ask: int) -> Enforcement:
+        assert _bind(service, cluster, gpu_pod(name, **ask), node) == ""
+        annotations = cluster.read_pod("ml", name).manifest["metadata"]["annotations"]
+        return decode_allocation(annotations[ALLOCATION_ANNOTATION]).enforcement
+
+    assert level("share-mps", "mps", units=20, memory=1024) is Enforcement.MPS
+    assert level("share-plain", "plain", units=20, memory=1024) is Enforcement.COOPERATIVE
+    assert level("whole", "mps", gpus=1) is Enforcement.NONE

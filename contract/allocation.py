@@ -1,6 +1,6 @@
 """The allocation record: what the extender granted a pod, as stored on the pod.
 
-The extender writes it into the pod annotation `linkpack.io/allocation` before binding; the
+The extender writes it into the pod annotation `linkpack.io/allocation` with the Binding; the
 node agent's device plugin reads it to hand each container exactly that, and writes back
 `linkpack.io/consumed` once the kubelet asked for it. Both are versioned JSON.
 """
@@ -15,9 +15,6 @@ from typing import Any
 
 from topology.workload import GpuGrant
 
-ALLOCATION_ANNOTATION = "linkpack.io/allocation"
-CONSUMED_ANNOTATION = "linkpack.io/consumed"
-POLICY_ANNOTATION = "linkpack.io/policy"
 ALLOCATION_SCHEMA = "linkpack.io/allocation/v1"
 CONSUMED_SCHEMA = "linkpack.io/consumed/v1"
 

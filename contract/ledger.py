@@ -6,7 +6,7 @@ precondition, so two binders (two extender replicas, a restarted extender, a sec
 can never both commit the same capacity: one of them gets 409 Conflict, re-reads and re-plans.
 The pod then carries the same record in its `linkpack.io/allocation` annotation.
 
-This module is pure: the types, their JSON form, and the decisions about stale entries.
+This module is pure: the types and their JSON form. Only the extender writes ledgers.
 """
 
 from __future__ import annotations
@@ -14,18 +14,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
+from typing import Any
 
-from topology.allocation import Allocation, AllocationError, decode_allocation, encode_allocation
+from contract.allocation import Allocation, AllocationError, decode_allocation, encode_allocation
+from contract.keys import ledger_node
 from topology.workload import GpuGrant
 
 LEDGER_SCHEMA = "linkpack.io/ledger/v1"
-LEDGER_LABEL = "linkpack.io/ledger"
-LEDGER_PREFIX = "linkpack-ledger-"
-
-
-def ledger_name(node: str) -> str:
-    return f"{LEDGER_PREFIX}{node}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,45 +112,14 @@ def decode_ledger(node: str, data: Mapping[str, str] | None, resource_version: s
     return Ledger(node, _sorted(entries), resource_version)
 
 
-@dataclass(frozen=True, slots=True)
-class PodFacts:
-    """What the cluster says about a ledger entry's pod right now."""
-
-    exists: bool
-    uid: str = ""
-    node_name: str = ""
-    finished: bool = False  # Succeeded / Failed: its GPUs are free again
-
-
-class StaleReason(StrEnum):
-    POD_DELETED = "pod deleted"
-    POD_REPLACED = "pod re-created with another uid"
-    POD_FINISHED = "pod finished"
-    BOUND_ELSEWHERE = "pod bound to another node"
-    NEVER_BOUND = "pod not bound within the reservation timeout"
-
-
-def stale_entries(
-    ledger: Ledger, facts: Mapping[str, PodFacts], now: float, reservation_timeout_s: float
-) -> tuple[tuple[LedgerEntry, StaleReason], ...]:
-    """Entries whose capacity should be released, with why. `facts` is keyed by pod uid."""
-    out = []
-    for entry in ledger.entries:
-        fact = facts.get(entry.pod_uid, PodFacts(exists=False))
-        reason: StaleReason | None = None
-        if not fact.exists:
-            reason = StaleReason.POD_DELETED
-        elif fact.uid and fact.uid != entry.pod_uid:
-            reason = StaleReason.POD_REPLACED
-        elif fact.finished:
-            reason = StaleReason.POD_FINISHED
-        elif fact.node_name and fact.node_name != ledger.node:
-            reason = StaleReason.BOUND_ELSEWHERE
-        elif not fact.node_name and now - entry.reserved_at > reservation_timeout_s:
-            reason = StaleReason.NEVER_BOUND
-        if reason is not None:
-            out.append((entry, reason))
-    return tuple(out)
+def ledger_from_config_map(obj: Mapping[str, Any]) -> Ledger:
+    """A ledger from its ConfigMap as JSON (the node comes from the ConfigMap's name)."""
+    meta = obj.get("metadata") or {}
+    node = ledger_node(str(meta.get("name") or ""))
+    data = obj.get("data")
+    if data is not None and not isinstance(data, Mapping):
+        raise LedgerError(f"ledger of {node}: data is not an object")
+    return decode_ledger(node, data, str(meta.get("resourceVersion") or ""))
 
 
 def _sorted(entries: Iterable[LedgerEntry]) -> tuple[LedgerEntry, ...]:

@@ -14,11 +14,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from contract.gpu_topology import PublishedTopology
+from contract.ledger import Ledger
 from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, PodObject, WatchHandlers
 from extender.config import ExtenderConfig
-from extender.ledger import Ledger
-from extender.state import NodeFacts, PodView, TopologyRecord
-from extender.translate import pod_is_tracked, pod_view
+from extender.snapshot import NodeFacts, TrackedPod
+from extender.translate import pod_is_tracked, tracked_pod
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,30 +39,30 @@ class InMemoryCluster:
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
         self._ledgers: dict[str, Ledger] = {}
         self._nodes: dict[str, NodeFacts] = {}
-        self._topologies: dict[str, TopologyRecord] = {}
+        self._topologies: dict[str, PublishedTopology] = {}
         self._handlers: list[WatchHandlers] = []
         self.events: list[RecordedEvent] = []
         self.fail_next_bind: str = ""
 
     # ------------------------------------------------------------------ cluster-side edits
 
-    def add_node(self, facts: NodeFacts, record: TopologyRecord | None) -> None:
+    def add_node(self, facts: NodeFacts, record: PublishedTopology | None) -> None:
         with self._lock:
             self._nodes[facts.name] = facts
             if record is not None:
                 self._topologies[facts.name] = record
             for h in self._handlers:
                 h.node(facts)
-                h.topology(facts.name, record)
+                h.topology(facts.name, record, "")
 
-    def set_topology(self, node: str, record: TopologyRecord | None) -> None:
+    def set_topology(self, node: str, record: PublishedTopology | None) -> None:
         with self._lock:
             if record is None:
                 self._topologies.pop(node, None)
             else:
                 self._topologies[node] = record
             for h in self._handlers:
-                h.topology(node, record)
+                h.topology(node, record, "")
 
     def create_pod(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         with self._lock:
@@ -96,7 +97,7 @@ class InMemoryCluster:
             pod = self._pods.get((namespace, name))
             if pod is None:
                 raise ApiNotFound(f"pod {namespace}/{name} not found")
-            return PodObject(pod_view(pod), pod["metadata"]["resourceVersion"], copy.deepcopy(pod))
+            return PodObject(tracked_pod(pod), pod["metadata"]["resourceVersion"], copy.deepcopy(pod))
 
     def read_ledger(self, node: str) -> Ledger:
         with self._lock:
@@ -161,18 +162,18 @@ class InMemoryCluster:
             for facts in self._nodes.values():
                 handlers.node(facts)
             for name, record in self._topologies.items():
-                handlers.topology(name, record)
+                handlers.topology(name, record, "")
             for ledger in self._ledgers.values():
                 handlers.ledger(ledger)
             for pod in self._pods.values():
                 if pod_is_tracked(pod, self._config):
-                    handlers.pod(pod_view(pod))
+                    handlers.pod(tracked_pod(pod))
             for kind in ("nodes", "topologies", "ledgers", "pods"):
                 handlers.synced(kind)
 
     def _notify_pod(self, pod: Mapping[str, Any]) -> None:
         if not pod_is_tracked(pod, self._config):
             return
-        view: PodView = pod_view(pod)
+        view: TrackedPod = tracked_pod(pod)
         for h in self._handlers:
             h.pod(view)

@@ -1,0 +1,45 @@
+"""The one builder of a node's `NodeState`, the input of every placement decision.
+
+A GPU is out of new placements when the node agent reports it unhealthy, when an operator
+cordoned it (`contract.cordons`), or when the whole Node is unschedulable. The extender (filter,
+prioritize, bind), its debug views and the kubectl plugin all build node states here, so they
+cannot disagree about which GPUs are available.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from contract.cordons import Cordons
+from contract.gpu_topology import PublishedTopology
+from topology.accounting import Overcommit, node_state_from_grants
+from topology.workload import GpuGrant, NodeState
+
+
+def unavailable_by_operator(
+    published: PublishedTopology, cordons: Cordons, unschedulable: bool
+) -> frozenset[int]:
+    """GPU indices an operator keeps out of new placements (cordoned GPUs, or all of an
+    unschedulable Node)."""
+    gpus = published.topology.gpus
+    if unschedulable:
+        return frozenset(g.index for g in gpus)
+    return cordons.indices((g.index, g.uuid) for g in gpus)
+
+
+def build_node_state(
+    published: PublishedTopology,
+    grants: Iterable[GpuGrant],
+    units_per_gpu: int,
+    cordons: Cordons = Cordons(),
+    unschedulable: bool = False,
+) -> tuple[NodeState, tuple[Overcommit, ...]]:
+    """The node's state with these grants held, and any grant that does not fit (overcommit)."""
+    return node_state_from_grants(
+        published.node,
+        published.topology,
+        grants,
+        units_per_gpu,
+        published.status.unhealthy,
+        unavailable_by_operator(published, cordons, unschedulable),
+    )

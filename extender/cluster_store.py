@@ -1,0 +1,206 @@
+"""The extender's live view of the cluster, fed by watches and the binder, read as snapshots.
+
+Writers (watch threads, the binder) call the `apply_*` methods under one lock; they change
+mutable parts and mark the node dirty. `snapshot()` rebuilds the dirty nodes' immutable
+`NodeEntry` (and their `NodeState`, through the one builder in `contract.node_state`) and
+swaps in a new `ClusterSnapshot`; between changes every reader shares the same snapshot.
+Nothing here talks to Kubernetes: the adapter translates events into these calls.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from contract.gpu_topology import PublishedTopology
+from contract.ledger import Ledger
+from contract.node_state import build_node_state
+from extender.snapshot import ClusterSnapshot, NodeEntry, NodeFacts, TrackedPod
+from topology.accounting import Overcommit
+from topology.workload import GpuGrant, NodeState
+
+_CHANGE_LOG_LIMIT = 100_000
+
+
+@dataclass
+class _NodeParts:
+    facts: NodeFacts | None = None
+    published: PublishedTopology | None = None
+    topology_problem: str = ""
+    ledger: Ledger | None = None
+    in_flight: dict[str, tuple[GpuGrant, ...]] = field(default_factory=dict)
+    version: int = 0
+
+
+class ClusterStore:
+    """Thread-safe store of nodes, GpuTopology objects, ledgers, tracked pods and binds in flight."""
+
+    def __init__(self, units_per_gpu: int) -> None:
+        self._units_per_gpu = units_per_gpu
+        self._lock = threading.RLock()
+        self._parts: dict[str, _NodeParts] = {}
+        self._entries: dict[str, NodeEntry] = {}
+        self._dirty: set[str] = set()
+        self._pods: dict[str, TrackedPod] = {}  # by uid
+        self._pod_uids: dict[str, str] = {}  # "ns/name" -> uid
+        self._synced: set[str] = set()
+        self._generation = 0  # bumped with every change to any node
+        self._change_log: list[str] = []  # node changed at generation (base + i + 1)
+        self._change_base = 0
+        self._snapshot: ClusterSnapshot | None = ClusterSnapshot()
+        self._pods_view: tuple[Mapping[str, TrackedPod], Mapping[str, str]] | None = None
+
+    # ------------------------------------------------------------------ writers
+
+    def apply_node(self, facts: NodeFacts) -> None:
+        with self._lock:
+            self._touch(facts.name).facts = facts
+
+    def remove_node(self, name: str) -> None:
+        with self._lock:
+            self._touch(name).facts = None
+
+    def apply_topology(self, node: str, published: PublishedTopology | None, problem: str = "") -> None:
+        """The node's GpuTopology (None: deleted, or unreadable for the reason `problem`)."""
+        with self._lock:
+            parts = self._touch(node)
+            parts.published, parts.topology_problem = published, problem
+
+    def apply_ledger(self, ledger: Ledger) -> None:
+        with self._lock:
+            parts = self._parts.get(ledger.node)
+            stored = parts.ledger if parts is not None else None
+            if stored is not None and _newer(stored.resource_version, ledger.resource_version):
+                return  # an older event arriving late never rolls the ledger back
+            parts = self._touch(ledger.node)
+            parts.ledger = ledger
+            for uid in ledger.by_uid():
+                parts.in_flight.pop(uid, None)
+
+    def remove_ledger(self, node: str) -> None:
+        with self._lock:
+            self._touch(node).ledger = None
+
+    def apply_pod(self, pod: TrackedPod) -> None:
+        with self._lock:
+            old_uid = self._pod_uids.get(pod.key)
+            if old_uid and old_uid != pod.uid:
+                self._pods.pop(old_uid, None)
+            if self._pods.get(pod.uid) == pod:
+                return
+            self._pods[pod.uid] = pod
+            self._pod_uids[pod.key] = pod.uid
+            self._pods_view = self._snapshot = None
+
+    def remove_pod(self, uid: str) -> None:
+        with self._lock:
+            pod = self._pods.pop(uid, None)
+            if pod is not None and self._pod_uids.get(pod.key) == uid:
+                del self._pod_uids[pod.key]
+            self._pods_view = self._snapshot = None
+            for name, parts in self._parts.items():
+                if parts.in_flight.pop(uid, None) is not None:
+                    self._bump(name, parts)
+
+    def begin_bind(self, node: str, uid: str, grants: tuple[GpuGrant, ...]) -> None:
+        """Count a bind's grants as taken until its ledger commit is seen or it is abandoned."""
+        with self._lock:
+            self._touch(node).in_flight[uid] = grants
+
+    def end_bind(self, node: str, uid: str) -> None:
+        with self._lock:
+            parts = self._parts.get(node)
+            if parts is not None and parts.in_flight.pop(uid, None) is not None:
+                self._bump(node, parts)
+
+    def mark_synced(self, kind: str) -> None:
+        with self._lock:
+            if kind not in self._synced:
+                self._synced.add(kind)
+                self._snapshot = None
+
+    # ------------------------------------------------------------------ readers
+
+    def snapshot(self) -> ClusterSnapshot:
+        """The cluster now, as one immutable value."""
+        with self._lock:
+            current = self._snapshot
+            if current is not None:
+                return current
+            for name in sorted(self._dirty):
+                self._entries[name] = self._entry(name, self._parts[name])
+            self._dirty.clear()
+            if self._pods_view is None:
+                self._pods_view = (MappingProxyType(dict(self._pods)), MappingProxyType(dict(self._pod_uids)))
+            pods, pod_uids = self._pods_view
+            current = self._snapshot = ClusterSnapshot(
+                generation=self._generation,
+                nodes=MappingProxyType(dict(self._entries)),
+                pods=pods,
+                pod_uids=pod_uids,
+                synced=frozenset(self._synced),
+            )
+            return current
+
+    def changes_between(self, since: int, until: int) -> frozenset[str] | None:
+        """Nodes changed after generation `since` up to `until` (None when no longer known)."""
+        with self._lock:
+            if since < self._change_base or until > self._generation or since > until:
+                return None
+            return frozenset(self._change_log[since - self._change_base : until - self._change_base])
+
+    # ------------------------------------------------------------------ internals
+
+    def _touch(self, name: str) -> _NodeParts:
+        parts = self._parts.get(name)
+        if parts is None:
+            parts = self._parts[name] = _NodeParts()
+        self._bump(name, parts)
+        return parts
+
+    def _bump(self, name: str, parts: _NodeParts) -> None:
+        parts.version += 1
+        self._dirty.add(name)
+        self._snapshot = None
+        self._generation += 1
+        self._change_log.append(name)
+        if len(self._change_log) > _CHANGE_LOG_LIMIT:
+            drop = len(self._change_log) // 2
+            del self._change_log[:drop]
+            self._change_base += drop
+
+    def _entry(self, name: str, parts: _NodeParts) -> NodeEntry:
+        state: NodeState | None = None
+        overcommits: tuple[Overcommit, ...] = ()
+        if parts.published is not None:
+            grants: list[GpuGrant] = list(parts.ledger.grants()) if parts.ledger is not None else []
+            for in_flight in parts.in_flight.values():
+                grants.extend(in_flight)
+            facts = parts.facts
+            state, overcommits = build_node_state(
+                parts.published,
+                grants,
+                self._units_per_gpu,
+                facts.cordons if facts is not None else NodeFacts(name).cordons,
+                facts.unschedulable if facts is not None else False,
+            )
+        return NodeEntry(
+            name=name,
+            version=parts.version,
+            facts=parts.facts,
+            published=parts.published,
+            topology_problem=parts.topology_problem,
+            ledger=parts.ledger,
+            in_flight=MappingProxyType(dict(parts.in_flight)),
+            state=state,
+            overcommits=overcommits,
+        )
+
+
+def _newer(a: str, b: str) -> bool:
+    """True when resourceVersion `a` is known to be newer than `b` (both numeric, as etcd's are)."""
+    if a.isdigit() and b.isdigit():
+        return int(a) > int(b)
+    return False
