@@ -31,7 +31,7 @@ def build_node_state(
     published: PublishedTopology,
     grants: Iterable[GpuGrant],
     units_per_gpu: int,
-    cordons: Cordons = Cordons(),
+    cordons: Cordons | None = None,
     unschedulable: bool = False,
 ) -> tuple[NodeState, tuple[Overcommit, ...]]:
     """The node's state with these grants held, and any grant that does not fit (overcommit)."""
@@ -41,5 +41,5 @@ def build_node_state(
         grants,
         units_per_gpu,
         published.status.unhealthy,
-        unavailable_by_operator(published, cordons, unschedulable),
+        unavailable_by_operator(published, cordons or Cordons(), unschedulable),
     )

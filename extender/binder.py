@@ -23,7 +23,6 @@ from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, ClusterApi
 from extender.cluster_store import ClusterStore
 from extender.config import ExtenderConfig
 from extender.pod_requests import PodRequest, RequestError, read_pod_request
-from extender.snapshot import NodeFacts
 from topology.placement import place
 from topology.workload import Misfit, MisfitReason
 
@@ -123,7 +122,7 @@ class Binder:
             node.published,
             ledger.grants(),
             self._config.units_per_gpu,
-            facts.cordons if facts is not None else NodeFacts(ledger.node).cordons,
+            facts.cordons if facts is not None else None,
             facts.unschedulable if facts is not None else False,
         )
         outcome = place(node_state, pod.request, pod.policy)

@@ -183,7 +183,7 @@ class ClusterStore:
                 parts.published,
                 grants,
                 self._units_per_gpu,
-                facts.cordons if facts is not None else NodeFacts(name).cordons,
+                facts.cordons if facts is not None else None,
                 facts.unschedulable if facts is not None else False,
             )
         return NodeEntry(
@@ -192,7 +192,7 @@ class ClusterStore:
             facts=parts.facts,
             published=parts.published,
             topology_problem=parts.topology_problem,
-            ledger=parts.ledger,
+            ledger=parts.ledger if parts.ledger is not None else Ledger(name),
             in_flight=MappingProxyType(dict(parts.in_flight)),
             state=state,
             overcommits=overcommits,

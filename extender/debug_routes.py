@@ -9,8 +9,8 @@
   reserved or recorded.
 
 The topology views answer JSON, or a self-contained HTML page for `?format=html` or a
-`text/html` Accept header (a browser). Handlers only gather state; `extender.debug_views` and
-`extender.debug_page` build the answers.
+`text/html` Accept header (a browser). Handlers only gather state; the `extender.debug` package
+builds the answers (JSON documents and HTML pages).
 """
 
 from __future__ import annotations
@@ -22,23 +22,23 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from contract.ledger import Ledger
 from extender.cluster_api import ApiError, ApiNotFound
-from extender.debug_page import index_page, node_page
-from extender.debug_views import (
+from extender.debug.decision_documents import (
     Evaluation,
     ExplainInputs,
-    NodeSnapshot,
     PodPresence,
     entry_for,
     explain_doc,
-    node_detail,
     pod_manifest_problem,
-    topology_index,
     unseen_pod_doc,
     what_if_doc,
 )
+from extender.debug.node_documents import node_detail, topology_index
+from extender.debug.pages import index_page, node_page
 from extender.pod_requests import PodRequest, RequestError, read_pod_request
 from extender.service import ExtenderService
+from extender.snapshot import ClusterSnapshot, NodeEntry
 
 
 def register_debug_routes(app: FastAPI, service: ExtenderService) -> None:
@@ -46,18 +46,20 @@ def register_debug_routes(app: FastAPI, service: ExtenderService) -> None:
 
     @app.get("/debug/topology", response_model=None)
     def debug_topology(request: Request) -> Response:
-        snaps = node_snapshots(service, service.state.node_names())
+        snapshot = service.store.snapshot()
+        snaps = node_entries(snapshot, snapshot.node_names())
         if wants_html(request):
             return HTMLResponse(index_page(snaps))
         return JSONResponse(topology_index(snaps))
 
     @app.get("/debug/topology/{node}", response_model=None)
     def debug_node(node: str, request: Request) -> Response:
-        if node not in service.state.node_names():
+        snapshot = service.store.snapshot()
+        if node not in snapshot.node_names():
             return _error(
                 404, f"unknown node {node!r}: the extender knows no Node or GpuTopology of that name"
             )
-        (snap,) = node_snapshots(service, (node,))
+        (snap,) = node_entries(snapshot, (node,))
         return HTMLResponse(node_page(snap)) if wants_html(request) else JSONResponse(node_detail(snap))
 
     @app.get("/debug/explain/{namespace}/{pod}", response_model=None)
@@ -94,26 +96,16 @@ def _error(status: int, message: str) -> JSONResponse:
 # ----------------------------------------------------------------------------- gathering
 
 
-def node_snapshots(service: ExtenderService, names: Sequence[str]) -> list[NodeSnapshot]:
-    state = service.state
-    problems = state.overcommits()
-    return [
-        NodeSnapshot(
-            name,
-            state.node_facts(name),
-            state.topology_record(name),
-            state.node_state(name),
-            state.ledger(name),
-            problems.get(name, ()),
-        )
-        for name in names
-    ]
+def node_entries(snapshot: ClusterSnapshot, names: Sequence[str]) -> list[NodeEntry]:
+    return [snapshot.node(name) or NodeEntry(name, -1, ledger=Ledger(name)) for name in names]
 
 
-def evaluate(service: ExtenderService, pod: PodRequest, nodes: Sequence[str]) -> Evaluation:
+def evaluate(
+    service: ExtenderService, snapshot: ClusterSnapshot, pod: PodRequest, nodes: Sequence[str]
+) -> Evaluation:
     """Filter and prioritize `pod` over `nodes` as the verbs would, without logging or reserving."""
-    filtered = service.decider.filter(pod, nodes)
-    ranking = service.decider.prioritize(pod, filtered.passed) if filtered.passed else None
+    filtered = service.decider.filter(snapshot, pod, nodes)
+    ranking = service.decider.prioritize(snapshot, pod, filtered.passed) if filtered.passed else None
     return Evaluation(pod, filtered, ranking)
 
 
@@ -131,22 +123,46 @@ def evaluate_manifest(service: ExtenderService, body: Any) -> Evaluation | str:
         )
     if isinstance(parsed, RequestError):
         return parsed.message
-    return evaluate(service, parsed, service.state.node_names())
+    snapshot = service.store.snapshot()
+    return evaluate(service, snapshot, parsed, snapshot.node_names())
 
 
 def explain_inputs(service: ExtenderService, namespace: str, name: str) -> ExplainInputs:
-    state = service.state
+    snapshot = service.store.snapshot()
     decisions = service.decisions_for(namespace, name)
-    view = state.pod_by_key(namespace, name)
-    allocation = state.allocation_of(view.uid) if view is not None else None
+    view = snapshot.pod_by_key(namespace, name)
+    allocation = snapshot.allocation_of(view.uid) if view is not None else None
     if allocation is None:
-        allocation = entry_for(state.ledgers(), namespace, name)
+        allocation = entry_for(snapshot.ledgers(), namespace, name)
     now = None
     if decisions is not None and isinstance(decisions.request, PodRequest) and allocation is None:
         asked = decisions.filtered
-        nodes = (*asked.passed, *asked.failed, *asked.unresolvable) if asked else state.node_names()
-        now = evaluate(service, decisions.request, sorted(nodes))
-    return ExplainInputs(namespace, name, decisions, view, allocation, now)
+        nodes = (*asked.passed, *asked.failed, *asked.unresolvable) if asked else snapshot.node_names()
+        now = evaluate(service, snapshot, decisions.request, sorted(nodes))
+    considered = (
+        (*asked.passed, *asked.failed, *asked.unresolvable)
+        if decisions and (asked := decisions.filtered)
+        else ()
+    )
+    return ExplainInputs(
+        namespace, name, decisions, view, allocation, now, node_problems(snapshot, considered)
+    )
+
+
+def node_problems(snapshot: ClusterSnapshot, names: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """What is wrong with each node's cordon annotation or GpuTopology, for the explanation."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name in names:
+        entry = snapshot.node(name)
+        if entry is None:
+            continue
+        problems = (
+            *(entry.facts.cordons.problems if entry.facts else ()),
+            *filter(None, [entry.topology_problem]),
+        )
+        if problems:
+            out[name] = problems
+    return out
 
 
 def pod_presence(service: ExtenderService, namespace: str, name: str) -> PodPresence:
@@ -161,7 +177,7 @@ def pod_presence(service: ExtenderService, namespace: str, name: str) -> PodPres
     return PodPresence(
         known=True,
         exists=True,
-        node_name=pod.view.node_name,
+        node_name=pod.tracked.node_name,
         scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
         request=read_pod_request(pod.manifest, service.config),
     )

@@ -59,8 +59,10 @@ class NodeEntry:
     facts: NodeFacts | None = None
     published: PublishedTopology | None = None
     topology_problem: str = ""  # why the node's GpuTopology could not be read, if it could not
-    ledger: Ledger | None = None
-    in_flight: Mapping[str, tuple[GpuGrant, ...]] = field(default_factory=lambda: _EMPTY)  # planned, not committed
+    ledger: Ledger = field(default_factory=lambda: Ledger(""))  # the node's ledger (empty: none)
+    in_flight: Mapping[str, tuple[GpuGrant, ...]] = field(
+        default_factory=lambda: _EMPTY
+    )  # planned, not committed
     state: NodeState | None = None
     overcommits: tuple[Overcommit, ...] = ()
 
@@ -106,10 +108,12 @@ class ClusterSnapshot:
 
     def ledger(self, name: str) -> Ledger:
         entry = self.nodes.get(name)
-        return entry.ledger if entry is not None and entry.ledger is not None else Ledger(name)
+        return entry.ledger if entry is not None and entry.ledger.node == name else Ledger(name)
 
     def ledgers(self) -> tuple[Ledger, ...]:
-        return tuple(e.ledger for _, e in sorted(self.nodes.items()) if e.ledger is not None)
+        return tuple(
+            e.ledger for _, e in sorted(self.nodes.items()) if e.ledger.entries or e.ledger.resource_version
+        )
 
     def pod(self, uid: str) -> TrackedPod | None:
         return self.pods.get(uid)
@@ -124,10 +128,9 @@ class ClusterSnapshot:
     def allocation_of(self, uid: str) -> tuple[str, LedgerEntry] | None:
         """The node and ledger entry holding this pod's allocation, if any."""
         for name, entry in sorted(self.nodes.items()):
-            if entry.ledger is not None:
-                found = entry.ledger.by_uid().get(uid)
-                if found is not None:
-                    return name, found
+            found = entry.ledger.by_uid().get(uid)
+            if found is not None:
+                return name, found
         return None
 
     def gpu_nodes_without_topology(self) -> tuple[str, ...]:

@@ -15,19 +15,19 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bench.cluster.cluster import ClusterState, Decision, affinity_tag
+from bench.cluster.cluster import SimulatedCluster, Decision, affinity_tag
 from bench.cluster.frag_table import IntArray
 from bench.cluster.policy import ClusterPolicy, RunContext, pick_best
 from bench.cluster.trace import MILLI_PER_GPU, TracePod
 
-ScoreFunction = Callable[[ClusterState, TracePod, IntArray], IntArray]
+ScoreFunction = Callable[[SimulatedCluster, TracePod, IntArray], IntArray]
 
 #: Normalisers of the paper's simulator: the largest node's CPU and GPU (MaxSpecCpu, MaxSpecGpu).
 MAX_SPEC_CPU = 128_000
 MAX_SPEC_GPU = 8_000
 
 
-def bestfit_scores(cluster: ClusterState, pod: TracePod, feasible: IntArray) -> IntArray:
+def bestfit_scores(cluster: SimulatedCluster, pod: TracePod, feasible: IntArray) -> IntArray:
     """Least remaining CPU and GPU (each normalised, weighted ½) after the pod scores highest."""
     cpu_after = cluster.cpu_left[feasible] - pod.cpu_milli
     gpu_after = cluster.gpu_left_total[feasible] - pod.gpu_total_milli
@@ -35,7 +35,7 @@ def bestfit_scores(cluster: ClusterState, pod: TracePod, feasible: IntArray) -> 
     return np.trunc((1.0 - raw) * 100).astype(np.int64)
 
 
-def dotprod_scores(cluster: ClusterState, pod: TracePod, feasible: IntArray) -> IntArray:
+def dotprod_scores(cluster: SimulatedCluster, pod: TracePod, feasible: IntArray) -> IntArray:
     """Smallest dot product of the node's free (CPU, GPU) vector with the pod's scores highest."""
     node_cpu = cluster.cpu_left[feasible] / MAX_SPEC_CPU
     node_gpu = cluster.gpu_left_total[feasible] / MAX_SPEC_GPU
@@ -43,7 +43,7 @@ def dotprod_scores(cluster: ClusterState, pod: TracePod, feasible: IntArray) -> 
     return np.trunc(100 * (1.0 - dot / 2)).astype(np.int64)
 
 
-def clustering_scores(cluster: ClusterState, pod: TracePod, feasible: IntArray) -> IntArray:
+def clustering_scores(cluster: SimulatedCluster, pod: TracePod, feasible: IntArray) -> IntArray:
     """Gandiva-style GPU clustering: prefer nodes that host only pods with the same GPU request."""
     tag = affinity_tag(pod)
     if tag is None:
@@ -57,7 +57,7 @@ def clustering_scores(cluster: ClusterState, pod: TracePod, feasible: IntArray) 
     return (base + bonus).astype(np.int64)
 
 
-def packing_scores(cluster: ClusterState, pod: TracePod, feasible: IntArray) -> IntArray:
+def packing_scores(cluster: SimulatedCluster, pod: TracePod, feasible: IntArray) -> IntArray:
     """GPU packing (MLaaS): occupied GPUs first, then free GPUs on occupied nodes, then idle nodes."""
     if pod.gpu_count == 0:
         return np.zeros(len(feasible), dtype=np.int64)
@@ -82,7 +82,7 @@ class ScoredPolicy:
         self.priority = context.priority
         self.score = score
 
-    def decide(self, cluster: ClusterState, pod: TracePod, feasible: IntArray) -> Decision:
+    def decide(self, cluster: SimulatedCluster, pod: TracePod, feasible: IntArray) -> Decision:
         node = pick_best(self.score(cluster, pod, feasible), feasible, self.priority)
         return Decision(node, cluster.default_devices(node, pod))
 
@@ -93,7 +93,7 @@ class RandomPolicy:
     def __init__(self, context: RunContext):
         self.rng = context.rng
 
-    def decide(self, cluster: ClusterState, pod: TracePod, feasible: IntArray) -> Decision:
+    def decide(self, cluster: SimulatedCluster, pod: TracePod, feasible: IntArray) -> Decision:
         node = int(feasible[self.rng.integers(len(feasible))])
         if pod.is_fractional:
             fitting = np.flatnonzero(cluster.gpu_left[node] >= pod.gpu_milli)

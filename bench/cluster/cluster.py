@@ -1,7 +1,7 @@
 """The simulated cluster: per-node free resources as numpy arrays, updated one node at a time.
 
 Devices are padded to `MAX_GPUS` columns with 0 free milli, so a missing device never fits a
-pod and adds nothing to any sum. `ClusterState` is owned by one run and mutated only through
+pod and adds nothing to any sum. `SimulatedCluster` is owned by one run and mutated only through
 `assign`; everything policies read is exposed read-only by convention.
 """
 
@@ -36,7 +36,7 @@ class Decision:
     gpus: tuple[int, ...]
 
 
-class ClusterState:
+class SimulatedCluster:
     def __init__(self, nodes: tuple[TraceNode, ...], workload: Workload):
         self.nodes = nodes
         self.size = len(nodes)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.cluster.cluster import ClusterState, Decision
+from bench.cluster.cluster import SimulatedCluster, Decision
 from bench.cluster.frag_table import FloatArray, IntArray
 from bench.cluster.policy import ClusterPolicy, RunContext, pick_best
 from bench.cluster.trace import TracePod
@@ -50,7 +50,7 @@ class FgdPolicy:
         # ideal: round away float noise so equal gains tie and go to the node priority
         return sigmoid_scores(gain) if self.faithful else np.round(gain, 6)
 
-    def decide(self, cluster: ClusterState, pod: TracePod, feasible: IntArray) -> Decision:
+    def decide(self, cluster: SimulatedCluster, pod: TracePod, feasible: IntArray) -> Decision:
         before = cluster.frag.values[feasible]
         if not pod.is_fractional:
             after = cluster.fragmentation_after(feasible, pod, None)

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from bench.cluster.cluster import ClusterState, Decision
+from bench.cluster.cluster import SimulatedCluster, Decision
 from bench.cluster.frag_table import IntArray
 from bench.cluster.policy import ClusterPolicy, RunContext, pick_best
 from bench.cluster.topologies import topology_for
@@ -147,27 +147,27 @@ class OursPolicy:
         for node in range(cluster.size):
             self.class_of[node] = self._class_id(cluster, node)
 
-    def _class_id(self, cluster: ClusterState, node: int) -> int:
+    def _class_id(self, cluster: SimulatedCluster, node: int) -> int:
         count = int(cluster.gpu_count[node])
         row = cluster.gpu_left[node, :count].tolist()
         held = cluster.whole_held[node, :count].tolist()
         usage = tuple(-1 if h else int(v) for v, h in zip(row, held, strict=True))
         return self.memo.class_id(self.kinds[node], usage)
 
-    def _refresh_classes(self, cluster: ClusterState) -> None:
+    def _refresh_classes(self, cluster: SimulatedCluster) -> None:
         changed = np.flatnonzero(cluster.version != self._versions)
         for node in changed.tolist():
             self.class_of[node] = self._class_id(cluster, node)
         self._versions[changed] = cluster.version[changed]
 
-    def _keys(self, cluster: ClusterState, pod: TracePod, feasible: IntArray) -> IntArray:
+    def _keys(self, cluster: SimulatedCluster, pod: TracePod, feasible: IntArray) -> IntArray:
         """Per feasible node, a key such that equal keys give equal terms."""
         return self.class_of[feasible]
 
     def _terms(self, key: int, request: Request) -> RawTerms | None:
         return self.memo.terms_of(key, request)
 
-    def decide(self, cluster: ClusterState, pod: TracePod, feasible: IntArray) -> Decision | None:
+    def decide(self, cluster: SimulatedCluster, pod: TracePod, feasible: IntArray) -> Decision | None:
         request = request_for(pod)
         if request is None:
             return Decision(pick_best(np.zeros(len(feasible)), feasible, self.priority), ())
@@ -273,7 +273,7 @@ class OursCpuPolicy(OursPolicy):
         super().__init__(context, memo)
         self.cpu_memo = cpu_memo
 
-    def _keys(self, cluster: ClusterState, pod: TracePod, feasible: IntArray) -> IntArray:
+    def _keys(self, cluster: SimulatedCluster, pod: TracePod, feasible: IntArray) -> IntArray:
         cpu, memory = self.cpu_memo.cpu, self.cpu_memo.memory
         nc, nm = len(cpu.values), len(memory.values)
         cpu_left = cluster.cpu_left[feasible]

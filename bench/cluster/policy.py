@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from bench.cluster.cluster import ClusterState, Decision
+from bench.cluster.cluster import SimulatedCluster, Decision
 from bench.cluster.frag_table import IntArray
 from bench.cluster.trace import TracePod
 from topology.fragmentation import Workload
@@ -28,7 +28,7 @@ from topology.fragmentation import Workload
 
 @dataclass(frozen=True, slots=True)
 class RunContext:
-    cluster: ClusterState
+    cluster: SimulatedCluster
     #: Per node, its rank in the seed's random node order: ties go to the lowest rank (fgd.md §3.1).
     priority: IntArray
     rng: np.random.Generator
@@ -36,7 +36,7 @@ class RunContext:
 
 
 class ClusterPolicy(Protocol):
-    def decide(self, cluster: ClusterState, pod: TracePod, feasible: IntArray) -> Decision | None:
+    def decide(self, cluster: SimulatedCluster, pod: TracePod, feasible: IntArray) -> Decision | None:
         """Where `pod` goes among the `feasible` nodes (non-empty); None refuses it (the pod fails)."""
         ...
 
@@ -78,7 +78,7 @@ class NodeChoice:
 NodeScorer = Callable[[NodeSnapshot, TracePod], NodeChoice | None]
 
 
-def snapshot(cluster: ClusterState, node: int) -> NodeSnapshot:
+def snapshot(cluster: SimulatedCluster, node: int) -> NodeSnapshot:
     count = int(cluster.gpu_count[node])
     return NodeSnapshot(
         index=node,
@@ -102,7 +102,7 @@ class PerNodePolicy:
         self._snapshots: list[NodeSnapshot | None] = [None] * context.cluster.size
         self._versions = context.cluster.version.copy()
 
-    def _snapshot(self, cluster: ClusterState, node: int) -> NodeSnapshot:
+    def _snapshot(self, cluster: SimulatedCluster, node: int) -> NodeSnapshot:
         cached = self._snapshots[node]
         if cached is None or self._versions[node] != cluster.version[node]:
             cached = snapshot(cluster, node)
@@ -110,7 +110,7 @@ class PerNodePolicy:
             self._versions[node] = cluster.version[node]
         return cached
 
-    def decide(self, cluster: ClusterState, pod: TracePod, feasible: IntArray) -> Decision | None:
+    def decide(self, cluster: SimulatedCluster, pod: TracePod, feasible: IntArray) -> Decision | None:
         best: tuple[float, int, int, tuple[int, ...]] | None = None
         for node in feasible.tolist():
             choice = self.scorer(self._snapshot(cluster, node), pod)

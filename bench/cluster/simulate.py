@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.cluster.cluster import ClusterState, Decision
+from bench.cluster.cluster import SimulatedCluster, Decision
 from bench.cluster.frag_table import BoolArray, FloatArray, IntArray
 from bench.cluster.policy import ClusterPolicy, PolicyFactory, RunContext
 from bench.cluster.protocol import RunRecord, build_arrivals, policy_stream
@@ -52,7 +52,7 @@ class LinkAudit:
         self.on_best = 0
         self.gbps_total = 0.0
 
-    def note(self, cluster: ClusterState, pod: TracePod, decision: Decision) -> None:
+    def note(self, cluster: SimulatedCluster, pod: TracePod, decision: Decision) -> None:
         if pod.is_fractional or pod.gpu_count < 2:
             return
         node = decision.node
@@ -64,7 +64,7 @@ class LinkAudit:
         self.gbps_total += chosen / BANDWIDTH_SCALE
 
 
-def schedule(cluster: ClusterState, arrivals: Sequence[TracePod], policy: ClusterPolicy) -> Trajectory:
+def schedule(cluster: SimulatedCluster, arrivals: Sequence[TracePod], policy: ClusterPolicy) -> Trajectory:
     """Offer `arrivals` to `policy` one at a time, mutating `cluster`; failed pods are dropped."""
     count = len(arrivals)
     arrived = np.zeros(count, dtype=np.int64)
@@ -104,7 +104,7 @@ def simulate(
     meaningful when other work shares the cores).
     """
     started = clock()
-    cluster = ClusterState(nodes, workload)
+    cluster = SimulatedCluster(nodes, workload)
     arrivals = build_arrivals(pods, cluster.size, cluster.total_gpu_milli, spec.seed)
     policy = factory(RunContext(cluster, arrivals.node_priority, policy_stream(spec.seed), workload))
     order = arrivals.pod_order if pod_limit is None else arrivals.pod_order[:pod_limit]

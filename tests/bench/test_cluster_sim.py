@@ -9,7 +9,7 @@ import pytest
 
 from bench.cluster import baselines
 from bench.cluster.__main__ import parse_seeds
-from bench.cluster.cluster import ClusterState, Decision
+from bench.cluster.cluster import SimulatedCluster, Decision
 from bench.cluster.fgd_policy import FgdPolicy, fgd_policy
 from bench.cluster.policy import NodeChoice, NodeSnapshot, PolicyFactory, RunContext, per_node
 from bench.cluster.protocol import RunRecord, build_arrivals, unallocated_curve
@@ -47,11 +47,11 @@ def _workload(*shapes: tuple[int, int, float]) -> Workload:
     return tuple(TypicalRequest(milli, count, 0, 0, p) for milli, count, p in shapes)
 
 
-def _context(cluster: ClusterState, seed: int = 0, workload: Workload = ()) -> RunContext:
+def _context(cluster: SimulatedCluster, seed: int = 0, workload: Workload = ()) -> RunContext:
     return RunContext(cluster, np.arange(cluster.size, dtype=np.int64), np.random.default_rng(seed), workload)
 
 
-def _set_free(cluster: ClusterState, node: int, free: tuple[int, ...], cpu_left: int | None = None) -> None:
+def _set_free(cluster: SimulatedCluster, node: int, free: tuple[int, ...], cpu_left: int | None = None) -> None:
     """Force a node's free GPU milli (and CPU) for a hand-made case, keeping the caches coherent."""
     cluster.gpu_left[node, : len(free)] = free
     if cpu_left is not None:
@@ -85,7 +85,7 @@ def test_loader_parses_the_openb_cluster_and_pod_lists() -> None:
 @needs_trace
 def test_empty_cluster_fragmentation_matches_the_paper_simulator() -> None:
     nodes = load_nodes(openb_dir() / NODE_FILE)
-    cluster = ClusterState(nodes, paper_workload(load_pods(pod_file("default"))))
+    cluster = SimulatedCluster(nodes, paper_workload(load_pods(pod_file("default"))))
     assert 100 * cluster.fragmentation_milli / cluster.total_gpu_milli == pytest.approx(13.94, abs=0.01)
 
 
@@ -130,7 +130,7 @@ def test_frag_table_agrees_with_the_reference_measure_before_and_after_placement
         TypicalRequest(0, 0, 3000, 0, 0.2),
     )
     nodes = tuple(_node(f"n{i}", g, model=m) for i, (g, m) in enumerate([(8, "T4"), (4, "A10"), (2, "T4")]))
-    cluster = ClusterState(nodes, workload)
+    cluster = SimulatedCluster(nodes, workload)
     for _ in range(40):
         node = rng.randrange(3)
         count = nodes[node].gpu_count
@@ -159,8 +159,8 @@ def test_frag_table_agrees_with_the_reference_measure_before_and_after_placement
 # ----------------------------------------------------------------------------- baselines, hand-made
 
 
-def _two_node_cluster() -> ClusterState:
-    return ClusterState((_node("a", 4), _node("b", 8)), ())
+def _two_node_cluster() -> SimulatedCluster:
+    return SimulatedCluster((_node("a", 4), _node("b", 8)), ())
 
 
 def test_packing_scores_match_the_paper_simulator_unit_tests() -> None:
@@ -176,7 +176,7 @@ def test_packing_scores_match_the_paper_simulator_unit_tests() -> None:
 
 
 def test_bestfit_and_dotprod_scores_by_hand() -> None:
-    cluster = ClusterState((_node("a", 2, cpu=64_000),), ())
+    cluster = SimulatedCluster((_node("a", 2, cpu=64_000),), ())
     pod = TracePod("p", 16_000, 0, 1, 1000)
     feasible = np.array([0])
     # raw = 0.5*48000/128000 + 0.5*1000/8000 = 0.25
@@ -187,7 +187,7 @@ def test_bestfit_and_dotprod_scores_by_hand() -> None:
 
 def test_clustering_prefers_nodes_holding_only_the_same_kind_of_pod() -> None:
     nodes = tuple(_node(n, 8) for n in "abcd")
-    cluster = ClusterState(nodes, ())
+    cluster = SimulatedCluster(nodes, ())
     cluster.assign(_pod("s1", 500), Decision(0, (0,)))  # a: shares only
     cluster.assign(_pod("s2", 500), Decision(1, (0,)))  # b: shares and a whole GPU
     cluster.assign(_pod("w1", 1000), Decision(1, (1,)))
@@ -200,7 +200,7 @@ def test_clustering_prefers_nodes_holding_only_the_same_kind_of_pod() -> None:
 def test_fgd_follows_the_paper_running_example() -> None:
     """Free <0.5, 1.0>, M = {0.3, 0.5, 0.7} equally likely: 0.3 goes to GPU B, then 0.5 to GPU A."""
     workload = _workload((300, 1, 1 / 3), (500, 1, 1 / 3), (700, 1, 1 / 3))
-    cluster = ClusterState((_node("n", 2),), workload)
+    cluster = SimulatedCluster((_node("n", 2),), workload)
     _set_free(cluster, 0, (500, 1000))
     policy = FgdPolicy(_context(cluster, workload=workload), faithful=False)
     first = policy.decide(cluster, _pod("a", 300), np.array([0]))
@@ -213,14 +213,14 @@ def test_fgd_packs_shares_so_that_whole_gpus_stay_free() -> None:
     """Two 2-GPU nodes, two half shares then three 1-GPU pods: only packing the shares fits them all."""
     workload = _workload((500, 1, 0.5), (1000, 1, 0.5))
     arrivals = [_pod("s1", 500), _pod("s2", 500), _pod("w1", 1000), _pod("w2", 1000), _pod("w3", 1000)]
-    cluster = ClusterState((_node("a", 2), _node("b", 2)), workload)
+    cluster = SimulatedCluster((_node("a", 2), _node("b", 2)), workload)
     trajectory = schedule(cluster, arrivals, fgd_policy(_context(cluster, workload=workload)))
     assert trajectory.placed.all()
     assert sorted(cluster.gpu_left[:, :2].ravel().tolist()) == [0, 0, 0, 0]
 
 
 def test_random_policy_is_reproducible_by_seed() -> None:
-    cluster = ClusterState(tuple(_node(f"n{i}", 8) for i in range(20)), ())
+    cluster = SimulatedCluster(tuple(_node(f"n{i}", 8) for i in range(20)), ())
     pod = _pod("s", 300)
 
     def picks(seed: int) -> list[Decision | None]:
@@ -244,7 +244,7 @@ def test_a_per_node_scorer_plugs_in_and_ties_go_to_node_priority() -> None:
         _node("c", 2, 64_000),
         _node("d", 2, 96_000, "A10"),
     )
-    cluster = ClusterState(nodes, ())
+    cluster = SimulatedCluster(nodes, ())
     context = RunContext(cluster, np.array([3, 2, 1, 0]), np.random.default_rng(0), ())
     assert factory(context).decide(cluster, _pod("p", 500), np.arange(4)) == Decision(2, (0,))
 
@@ -272,7 +272,7 @@ def test_ours_places_through_the_extender_functions_on_a_small_cluster() -> None
     from bench.cluster.ours import ours_factory
 
     workload = _workload((500, 1, 0.5), (1000, 1, 0.5))
-    cluster = ClusterState((_node("a", 8, model="G2"), _node("b", 2)), workload)
+    cluster = SimulatedCluster((_node("a", 8, model="G2"), _node("b", 2)), workload)
     arrivals = [_pod("s1", 500), _pod("s2", 500), _pod("w", 1000, 4), _pod("c", 0)]
     trajectory = schedule(cluster, arrivals, ours_factory()(_context(cluster, workload=workload)))
     assert trajectory.placed.all()
@@ -325,7 +325,7 @@ def test_ours_decides_as_scoring_every_node_through_the_extender_would() -> None
     nodes = tuple(
         _node(f"n{i}", g, model=m) for i, (g, m) in enumerate([(8, "G2"), (8, "G2"), (2, "T4"), (8, "G3")])
     )
-    cluster = ClusterState(nodes, workload)
+    cluster = SimulatedCluster(nodes, workload)
     context = _context(cluster, workload=workload)
     policy = ours_factory()(context)
     pods = [
@@ -371,7 +371,7 @@ def test_ours_decides_as_scoring_every_node_through_the_extender_would() -> None
 def test_the_link_audit_counts_multi_gpu_pods_on_their_nodes_best_ring() -> None:
     from bench.cluster.simulate import LinkAudit
 
-    cluster = ClusterState((_node("a", 8, model="G2"),), ())
+    cluster = SimulatedCluster((_node("a", 8, model="G2"),), ())
     audit = LinkAudit()
     audit.note(cluster, _pod("one", 1000), Decision(0, (0,)))
     audit.note(cluster, _pod("best", 1000, 2), Decision(0, (0, 3)))  # NV2 pair on the cube mesh
@@ -403,7 +403,7 @@ def test_ours_cpu_decides_as_node_terms_with_each_nodes_exact_cpu_would() -> Non
             [(8, 40_000, "G2"), (8, 96_000, "G2"), (2, 20_000, "T4"), (8, 64_000, "G3")]
         )
     )
-    cluster = ClusterState(nodes, workload)
+    cluster = SimulatedCluster(nodes, workload)
     context = _context(cluster, workload=workload)
     policy = ours_cpu_factory()(context)
     pods = [

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
 
+from contract.cordons import Cordons, canonical_gpu_uuid
+from contract.gpu_topology import as_published
 from extender.app import create_app
-from extender.debug_page import radial_layout
+from extender.debug.geometry import radial_layout
 from extender.debug_routes import register_debug_routes
-from extender.memory_api import InMemoryCluster
+from extender.in_memory_cluster import InMemoryCluster
 from extender.service import ExtenderService
-from extender.state import NodeFacts, TopologyRecord
+from extender.snapshot import NodeFacts
 from topology.catalog import load_machine
 from topology.graph import build_graph
 from topology.model import LinkKind
@@ -106,8 +109,8 @@ def test_a_node_page_shows_use_holders_graph_and_pods(
 def test_unhealthy_and_cordoned_gpus_are_marked(http: TestClient, cluster: InMemoryCluster) -> None:
     topology = two_socket_pcie("cordon")
     cluster.add_node(
-        NodeFacts("sick", cordoned_uuids=frozenset({topology.gpus[5].uuid})),
-        TopologyRecord(topology, frozenset({2})),
+        NodeFacts("sick", cordons=Cordons(frozenset({canonical_gpu_uuid(topology.gpus[5].uuid)}))),
+        as_published("sick", topology, unhealthy=frozenset({2})),
     )
     doc = http.get("/debug/topology/sick").json()
     statuses = [g["status"] for g in doc["gpus"]]
@@ -153,6 +156,25 @@ def test_the_overview_page_links_every_node(http: TestClient) -> None:
     for node in NODES:
         assert f'href="/debug/topology/{node}?format=html"' in page
     assert http.get("/debug/topology?format=json").headers["content-type"] == "application/json"
+
+
+def test_names_from_the_cluster_are_escaped_in_the_html_pages(
+    http: TestClient, service: ExtenderService, cluster: InMemoryCluster
+) -> None:
+    node, pod = "evil<script>", "p<script>alert('x')</script>"  # a path parameter cannot hold "/"
+    cluster.add_node(NodeFacts(node), as_published(node, two_socket_pcie("evil")))
+    assert _schedule(service, cluster, gpu_pod(pod, units=20, memory=1000), [node]) == node
+    page = http.get(f"/debug/topology/{quote(node, safe='')}?format=html").text
+    assert "<script" not in page and "alert('x')" not in page
+    assert "<h1>evil&lt;script&gt;</h1>" in page  # the heading
+    pod_html = "ml/p&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"
+    assert f"<td>{pod_html}: 1000 MiB, 20 units</td>" in page  # the GPU table's holders
+    assert f"<td>{pod_html}</td>" in page  # the ledger table
+    assert 'aria-label="GPU topology of evil&lt;script&gt;"' in page  # the drawing
+    assert "ml/p&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;: 1000 MiB" in page  # its tooltip
+    overview = http.get("/debug/topology?format=html").text
+    assert "<script" not in overview
+    assert '<a href="/debug/topology/evil&lt;script&gt;?format=html">evil&lt;script&gt;</a>' in overview
 
 
 def test_the_layout_is_deterministic_and_keeps_gpus_apart() -> None:
@@ -258,11 +280,11 @@ def test_explain_an_invalid_request(
 
 
 def _fingerprint(service: ExtenderService) -> tuple[Any, ...]:
-    state = service.state
+    state = service.store.snapshot()
     return (
         state.ledgers(),
         tuple(state.node_state(n) for n in state.node_names()),
-        state.changes_since(0)[0],
+        state.generation,
     )
 
 
@@ -276,7 +298,7 @@ def test_what_if_places_without_reserving(
     doc = reply.json()
     assert doc["best"]["node"] == "nv-node" and len(doc["best"]["gpus"]) == 4
     assert set(doc["best"]["gpus"]).isdisjoint(
-        service.state.ledger("nv-node").entries[0].allocation.gpu_indices
+        service.store.snapshot().ledger("nv-node").entries[0].allocation.gpu_indices
     )
     assert doc["passed"] == ["nv-node", "pcie-node"] and doc["summary"].startswith("would go to nv-node")
     assert {r["node"]: r["filter"] for r in doc["nodes"]}["bare-node"] == "unresolvable"
@@ -337,3 +359,20 @@ def test_the_app_serves_the_debug_routes(service: ExtenderService) -> None:
         "/debug/what-if",
     }
     assert hgx_h100().gpu_count == 8
+
+
+def test_cordon_junk_reaches_the_node_page_and_the_explanation(
+    http: TestClient, service: ExtenderService, cluster: InMemoryCluster
+) -> None:
+    """An unreadable entry in a node's cordon annotation is shown on its node page and in the
+    explanation of a pod filtered against that node, naming the entry."""
+    from contract.keys import CORDON_ANNOTATION
+    from extender.translate import node_facts
+
+    facts = node_facts({"metadata": {"name": "typo-node", "annotations": {CORDON_ANNOTATION: "GPU-7,MIG-abc"}}})
+    cluster.add_node(facts, as_published("typo-node", hgx_h100("typo")))
+    node_doc = http.get("/debug/topology/typo-node").json()["node"]
+    assert len(node_doc["cordonProblems"]) == 2 and "MIG instance" in node_doc["cordonProblems"][1]
+    assert _schedule(service, cluster, gpu_pod("ask", gpus=1), ["typo-node"]) == "typo-node"
+    explained = http.get("/debug/explain/ml/ask").json()
+    assert "not a GPU UUID" in explained["nodeProblems"]["typo-node"][0]

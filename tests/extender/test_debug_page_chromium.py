@@ -16,11 +16,13 @@ import numpy as np
 import pytest
 from matplotlib import image
 
+from contract.cordons import Cordons, canonical_gpu_uuid
+from contract.gpu_topology import as_published
 from extender.app import create_app
 from extender.debug_routes import register_debug_routes
-from extender.memory_api import InMemoryCluster
+from extender.in_memory_cluster import InMemoryCluster
 from extender.service import ExtenderService
-from extender.state import NodeFacts, TopologyRecord
+from extender.snapshot import NodeFacts
 from topology.catalog import load_machine
 
 from .browser import BrowserUnavailable, ensure_chromium, run_chromium, serve
@@ -52,7 +54,10 @@ def test_the_node_page_renders_in_chromium(
 ) -> None:
     topology = load_machine("dgx-a100")
     cordoned = frozenset({topology.gpus[6].uuid})
-    cluster.add_node(NodeFacts(NODE, cordoned_uuids=cordoned), TopologyRecord(topology, frozenset({7})))
+    cluster.add_node(
+        NodeFacts(NODE, cordons=Cordons(frozenset(canonical_gpu_uuid(u) for u in cordoned))),
+        as_published(NODE, topology, unhealthy=frozenset({7})),
+    )
     _bind(service, cluster, gpu_pod("trainer", gpus=2))
     _bind(service, cluster, gpu_pod("notebook", units=40, memory=12000))
     app = create_app(service)

@@ -1,295 +1,26 @@
-"""Debug views of the extender as JSON-ready dicts, built from snapshots of its state.
+"""GET /debug/explain/{namespace}/{pod} and POST /debug/what-if as JSON-ready dicts.
 
-Pure functions: `extender.debug_routes` gathers the inputs (a `NodeSnapshot` per node, the
-decisions logged for a pod, a what-if evaluation) and these turn them into documents. The
-HTML page (`extender.debug_page`) draws the same facts. Keys are camelCase like the rest of
-Linkpack's API objects; memory is in MiB, bandwidth in GB/s per direction, fragmentation in
-milli-GPU (the FGD measure of `topology.fragmentation`).
+Both answer from the extender's filter and prioritize decisions: explain from the outcome
+logged for the pod (and where it would go now), what-if from a fresh evaluation of a manifest
+that reserves nothing. `extender.debug_routes` gathers the inputs (`ExplainInputs`,
+`Evaluation`, `PodPresence`); these turn them into documents. Keys are camelCase like the rest
+of Linkpack's API objects.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from dataclasses import dataclass, field
 
+from contract.ledger import Ledger, LedgerEntry
+from extender.debug.node_documents import Doc, entry_doc, grant_doc, iso_time
 from extender.decisions import FilterOutcome
-from extender.ledger import Ledger, LedgerEntry
 from extender.pod_requests import PodRequest, RequestError
 from extender.service import PodDecisions
-from extender.state import NodeFacts, PodView, TopologyRecord
-from topology.accounting import Overcommit
-from topology.fragmentation import node_state_fragmentation
-from topology.graph import build_graph
+from extender.snapshot import TrackedPod
 from topology.scoring import NodeRanking, Ranking
-from topology.workload import (
-    GpuGrant,
-    GpuShare,
-    GpuUsage,
-    MigSlice,
-    MisfitReason,
-    NodeState,
-    Placement,
-    Policy,
-    Request,
-    WholeGpus,
-)
-
-Doc = dict[str, Any]
-
-#: What a GPU is doing, in the order the legend lists them.
-GPU_STATUSES = ("free", "shared", "whole", "unhealthy", "cordoned")
-NO_TOPOLOGY_MESSAGE = (
-    "node has no GPU topology record: no GpuTopology object names it, or the object is malformed "
-    "(the extender logs why); pods asking for GPUs will not be placed here"
-)
-
-
-def gpu_status(usage: GpuUsage) -> str:
-    """One word for a GPU: unhealthy and cordoned win over use; any share or MIG use is "shared"."""
-    if not usage.healthy:
-        return "unhealthy"
-    if usage.cordoned:
-        return "cordoned"
-    if usage.whole:
-        return "whole"
-    return "free" if usage.idle else "shared"
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSnapshot:
-    """Everything the extender knows about one node at one moment."""
-
-    name: str
-    facts: NodeFacts | None
-    record: TopologyRecord | None
-    state: NodeState | None
-    ledger: Ledger
-    problems: tuple[Overcommit, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Holding:
-    """What one pod holds on one GPU (from the node's ledger)."""
-
-    namespace: str
-    name: str
-    uid: str
-    grant: GpuGrant
-
-    @property
-    def pod(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-def holdings(ledger: Ledger) -> dict[int, list[Holding]]:
-    """Per GPU index, the pods holding part or all of it, in ledger order."""
-    out: dict[int, list[Holding]] = {}
-    for entry in ledger.entries:
-        for grant in entry.allocation.grants:
-            out.setdefault(grant.index, []).append(Holding(entry.namespace, entry.name, entry.pod_uid, grant))
-    return out
-
-
-def iso_time(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-# ----------------------------------------------------------------------------- /debug/topology
-
-
-def model_of(state: NodeState) -> str:
-    models = sorted({g.model for g in state.topology.gpus if g.model})
-    return models[0] if len(models) == 1 else ("mixed: " + ", ".join(models) if models else "")
-
-
-def status_counts(state: NodeState) -> dict[str, int]:
-    counts = Counter(gpu_status(u) for u in state.usage)
-    return {status: counts.get(status, 0) for status in GPU_STATUSES}
-
-
-def node_summary(snap: NodeSnapshot) -> Doc:
-    """One row of the cluster overview."""
-    base: Doc = {
-        "name": snap.name,
-        "unschedulable": bool(snap.facts and snap.facts.unschedulable),
-        "pods": len(snap.ledger.entries),
-    }
-    state = snap.state
-    if state is None:
-        return {
-            **base,
-            "hasTopology": False,
-            "gpus": 0,
-            "model": "",
-            **{status: 0 for status in GPU_STATUSES},
-            "freeMemoryMiB": 0,
-            "totalMemoryMiB": 0,
-            "freeUnits": 0,
-            "fragmentationMilliGpu": 0.0,
-            "message": NO_TOPOLOGY_MESSAGE,
-        }
-    usable = [i for i, u in enumerate(state.usage) if u.usable]
-    return {
-        **base,
-        "hasTopology": True,
-        "gpus": state.topology.gpu_count,
-        "model": model_of(state),
-        "nvswitch": state.topology.nvswitch,
-        "nics": len(state.topology.nics),
-        **status_counts(state),
-        "freeMemoryMiB": sum(state.free_memory_mib(i) for i in usable),
-        "totalMemoryMiB": sum(g.memory_mib for g in state.topology.gpus),
-        "freeUnits": sum(state.free_units(i) for i in usable),
-        "unitsPerGpu": state.units_per_gpu,
-        "fragmentationMilliGpu": round(node_state_fragmentation(state), 1),
-        "overcommitted": bool(snap.problems),
-    }
-
-
-def topology_index(snaps: Sequence[NodeSnapshot]) -> Doc:
-    """GET /debug/topology: every node in one line, and cluster totals."""
-    rows = [node_summary(s) for s in snaps]
-    totals: Doc = {
-        "nodes": len(rows),
-        "nodesWithoutTopology": sum(1 for r in rows if not r["hasTopology"]),
-    }
-    for key in ("gpus", *GPU_STATUSES, "freeMemoryMiB", "totalMemoryMiB", "pods"):
-        totals[key] = sum(int(r[key]) for r in rows)
-    return {"nodes": rows, "totals": totals}
-
-
-def grant_doc(grant: GpuGrant) -> Doc:
-    return {
-        "index": grant.index,
-        "uuid": grant.uuid,
-        "whole": grant.whole,
-        "memoryMiB": grant.memory_mib,
-        "units": grant.units,
-        "migUuid": grant.mig_uuid,
-    }
-
-
-def _holder_doc(h: Holding) -> Doc:
-    g = h.grant
-    return {
-        "namespace": h.namespace,
-        "name": h.name,
-        "uid": h.uid,
-        "whole": g.whole,
-        "memoryMiB": g.memory_mib,
-        "units": g.units,
-        "migUuid": g.mig_uuid,
-    }
-
-
-def _gpu_doc(state: NodeState, index: int, held: Sequence[Holding]) -> Doc:
-    gpu = state.topology.gpus[index]
-    usage = state.usage[index]
-    return {
-        "index": gpu.index,
-        "uuid": gpu.uuid,
-        "model": gpu.model,
-        "pciBusId": gpu.pci_bus_id,
-        "numaNode": gpu.numa_node,
-        "cpuAffinity": gpu.cpu_affinity,
-        "status": gpu_status(usage),
-        "healthy": usage.healthy,
-        "cordoned": usage.cordoned,
-        "memoryMiB": gpu.memory_mib,
-        "usedMemoryMiB": gpu.memory_mib if usage.whole else usage.memory_used_mib,
-        "freeMemoryMiB": state.free_memory_mib(index) if usage.usable else 0,
-        "unitsPerGpu": state.units_per_gpu,
-        "usedUnits": state.units_per_gpu if usage.whole else usage.units_used,
-        "freeUnits": state.free_units(index) if usage.usable else 0,
-        "migMode": gpu.mig_mode.value,
-        "migDevices": [
-            {
-                "uuid": m.uuid,
-                "profile": m.profile,
-                "memoryMiB": m.memory_mib,
-                "inUse": m.uuid in usage.mig_used,
-            }
-            for m in gpu.mig_devices
-        ],
-        "holders": [_holder_doc(h) for h in held],
-    }
-
-
-def _entry_doc(entry: LedgerEntry) -> Doc:
-    a = entry.allocation
-    return {
-        "namespace": entry.namespace,
-        "name": entry.name,
-        "uid": entry.pod_uid,
-        "node": a.node,
-        "gpus": list(a.gpu_indices),
-        "grants": [grant_doc(g) for g in a.grants],
-        "enforcement": a.enforcement.value,
-        "generation": a.generation,
-        "resources": dict(a.resources),
-        "reservedAt": iso_time(entry.reserved_at),
-    }
-
-
-def graph_doc(state: NodeState) -> Doc:
-    """The node's graph (topology.graph): vertices and edges, sorted, with kinds and bandwidth."""
-    graph = build_graph(state.topology)
-    vertices = [
-        {"id": str(v), **{k: (val.value if hasattr(val, "value") else val) for k, val in attrs.items()}}
-        for v, attrs in sorted(graph.nodes(data=True), key=lambda item: str(item[0]))
-    ]
-    edges = []
-    for u, v, attrs in graph.edges(data=True):
-        a, b = sorted((str(u), str(v)))
-        edges.append(
-            {
-                "source": a,
-                "target": b,
-                "kind": attrs["kind"].value,
-                "nvlinks": int(attrs["nvlinks"]),
-                "bandwidthGBps": float(attrs["bandwidth"]),
-                "role": attrs["role"],
-            }
-        )
-    edges.sort(key=lambda e: (e["role"], e["source"], e["target"]))
-    return {"vertices": vertices, "edges": edges}
-
-
-def node_detail(snap: NodeSnapshot) -> Doc:
-    """GET /debug/topology/{node}: GPUs, their use and holders, the graph, the pods, the problems."""
-    doc: Doc = {"node": node_summary(snap)}
-    state = snap.state
-    if state is None or snap.record is None:
-        return {**doc, "gpus": [], "graph": {"vertices": [], "edges": []}, "pods": [], "problems": []}
-    held = holdings(snap.ledger)
-    topology = state.topology
-    return {
-        **doc,
-        "contentHash": snap.record.content_hash,
-        "sources": dict(topology.sources),
-        "warnings": list(topology.warnings),
-        "gpus": [_gpu_doc(state, i, held.get(i, ())) for i in range(topology.gpu_count)],
-        "nics": [{"index": n.index, "name": n.name} for n in topology.nics],
-        "links": [
-            {
-                "a": link.a,
-                "b": link.b,
-                "kind": link.kind.value,
-                "nvlinks": link.nvlinks,
-            }
-            for link in topology.gpu_links
-        ],
-        "graph": graph_doc(state),
-        "pods": [_entry_doc(e) for e in snap.ledger.entries],
-        "ledgerResourceVersion": snap.ledger.resource_version,
-        "problems": [{"gpu": p.gpu, "detail": p.detail} for p in snap.problems],
-    }
-
-
-# ----------------------------------------------------------------------------- decisions
+from topology.workload import GpuShare, MigSlice, MisfitReason, Placement, Policy, Request, WholeGpus
 
 
 def policy_doc(policy: Policy) -> Doc:
@@ -473,9 +204,11 @@ class ExplainInputs:
     namespace: str
     name: str
     decisions: PodDecisions | None
-    view: PodView | None
+    view: TrackedPod | None
     allocation: tuple[str, LedgerEntry] | None
     now: Evaluation | None = None
+    # per node the pod was filtered against: what is wrong with its cordons or GpuTopology
+    node_problems: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def explain_doc(inputs: ExplainInputs) -> Doc:
@@ -484,7 +217,7 @@ def explain_doc(inputs: ExplainInputs) -> Doc:
     filtered = settled(d.filtered if d else None)
     ranking = d.ranking if d else None
     rows = decision_rows(filtered, ranking)
-    bound = _entry_doc(inputs.allocation[1]) if inputs.allocation else None
+    bound = entry_doc(inputs.allocation[1]) if inputs.allocation else None
     status, summary = _status(inputs, filtered, rows, bound)
     doc: Doc = {
         "pod": {
@@ -502,6 +235,7 @@ def explain_doc(inputs: ExplainInputs) -> Doc:
         "bound": bound,
         "bindError": d.bind_error if d else "",
         "nodes": rows,
+        "nodeProblems": {n: list(p) for n, p in sorted(inputs.node_problems.items()) if p},
     }
     if inputs.now is not None:
         now = what_if_doc(inputs.now)
