@@ -29,7 +29,8 @@ from tests.cluster.linkpack_env import (
     wait_until,
 )
 from topology.accounting import accumulate
-from topology.allocation import ALLOCATION_ANNOTATION, decode_allocation
+from contract.allocation import decode_allocation
+from contract.keys import ALLOCATION_ANNOTATION
 from topology.oracle import oracle_best_set
 from topology.placement import set_quality
 from topology.workload import NodeState, WholeGpus

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from contract.allocation import Allocation, Enforcement
 from contract.ledger import Ledger, LedgerEntry, LedgerError, decode_ledger, encode_ledger
 from extender.stale_entries import PodFacts, StaleReason, stale_entries
-from contract.allocation import Allocation, Enforcement
 from topology.workload import GpuGrant
 
 NOW = 10_000.0

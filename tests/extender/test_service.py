@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+from contract.allocation import decode_allocation
+from contract.keys import ALLOCATION_ANNOTATION
 from extender.__main__ import handlers_for
 from extender.cluster_api import ApiError
 from extender.config import ExtenderConfig
@@ -11,8 +13,6 @@ from extender.in_memory_cluster import InMemoryCluster
 from extender.reconciler import reconcile_once
 from extender.service import ExtenderService
 from topology.accounting import accumulate
-from contract.allocation import decode_allocation
-from contract.keys import ALLOCATION_ANNOTATION
 
 from .conftest import filter_args, gpu_pod, hgx_h100
 
@@ -163,8 +163,8 @@ def test_deleting_a_pod_frees_its_gpus(service: ExtenderService, cluster: InMemo
 
 def test_a_reservation_that_never_binds_expires(service: ExtenderService, cluster: InMemoryCluster) -> None:
     """A commit left behind by a crash between ledger write and Binding is released after the timeout."""
-    from contract.ledger import LedgerEntry
     from contract.allocation import Allocation
+    from contract.ledger import LedgerEntry
     from topology.workload import GpuGrant
 
     created = cluster.create_pod(gpu_pod("orphan", gpus=1))
@@ -235,7 +235,9 @@ def test_an_upper_case_cordon_keeps_the_gpu_out_of_placements(config: ExtenderCo
     pod = gpu_pod("one", gpus=1)
     assert service.filter(filter_args(pod, ["dgx"]))["NodeNames"] == ["dgx"]
     assert _bind(service, cluster, pod, "dgx") == ""
-    allocation = decode_allocation(cluster.read_pod("ml", "one").manifest["metadata"]["annotations"][ALLOCATION_ANNOTATION])
+    allocation = decode_allocation(
+        cluster.read_pod("ml", "one").manifest["metadata"]["annotations"][ALLOCATION_ANNOTATION]
+    )
     assert allocation.gpu_indices == (7,)
 
 
