@@ -12,15 +12,15 @@ from dataclasses import replace
 
 import uvicorn
 
+from contract.allocation import Allocation
+from contract.gpu_topology import as_published
+from contract.ledger import Ledger, LedgerEntry
 from extender.__main__ import handlers_for
 from extender.app import create_app
 from extender.config import ExtenderConfig
-from contract.ledger import Ledger, LedgerEntry
 from extender.in_memory_cluster import InMemoryCluster
 from extender.service import ExtenderService
-from contract.gpu_topology import as_published
 from extender.snapshot import NodeFacts
-from contract.allocation import Allocation
 from topology.catalog import load_machine
 from topology.model import NodeTopology
 from topology.placement import place

@@ -21,7 +21,7 @@ from kubernetes import client
 
 from tests.cluster.binaries import ensure_binaries
 from tests.cluster.controlplane import MANIFESTS, ControlPlane, free_port, load_manifest, wait_for_crd
-from tests.cluster.linkpack_env import node_topology, publish_node, scheduler_config
+from tests.cluster.linkpack_env import node_topology, publish_node, running_extender, scheduler_config
 
 PLAIN_CONFIG = """apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
@@ -123,13 +123,8 @@ def measure(nodes: int = 300, pods: int = 600) -> dict[str, float]:
             free_port(),
         ) as url:
             results["noop"], results["noop_empty"] = _run(cp, scheduler_config(cp, url), pods, "bench")
-        port = free_port()
-        with _server(
-            ["extender", "--kubeconfig", str(cp.kubeconfig_path), "--host", "127.0.0.1"],
-            cp.log_dir / "ours.log",
-            port,
-        ) as url:
-            config = scheduler_config(cp, url)
+        with running_extender(cp, "ours") as ours:
+            config = scheduler_config(cp, ours.url, ours.tls)
             results["ours"], results["ours_empty"] = _run(cp, config, pods, "bench")
             adaptive = config.replace("percentageOfNodesToScore: 100", "percentageOfNodesToScore: 0")
             results["ours_adaptive"], results["ours_adaptive_empty"] = _run(cp, adaptive, pods, "bench")

@@ -22,7 +22,7 @@ from contract.node_state import build_node_state
 from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, ClusterApi
 from extender.cluster_store import ClusterStore
 from extender.config import ExtenderConfig
-from extender.pod_requests import PodRequest, RequestError, read_pod_request
+from extender.pod_requests import PodRequest, RequestError, read_pod_request, scheduler_mismatch
 from topology.placement import place
 from topology.workload import Misfit, MisfitReason
 
@@ -56,7 +56,11 @@ class Binder:
         """Bind the pod to `node` with its GPUs. `known` is the request parsed at filter time for
         this very pod (same uid): extended-resource requests cannot change, so the pod need not
         be read again, and the Binding's uid precondition still guards against a re-created pod."""
-        if known is not None and uid and known.pod.uid == uid:
+        if not uid:
+            return BindResult(
+                error=f"bind of {namespace}/{name} names no pod UID; kube-scheduler always sends one"
+            )
+        if known is not None and known.pod.uid == uid:
             return self._gpu_bind(known, "", node, already_bound=False)
         try:
             pod = self._api.read_pod(namespace, name)
@@ -64,25 +68,25 @@ class Binder:
             return BindResult(error=f"pod {namespace}/{name} no longer exists")
         except ApiError as exc:
             return BindResult(error=f"reading pod {namespace}/{name}: {exc}")
-        if uid and pod.tracked.uid != uid:
+        if pod.tracked.uid != uid:
             return BindResult(
                 error=f"pod {namespace}/{name} was re-created (uid {pod.tracked.uid}, expected {uid})"
             )
         if pod.tracked.node_name and pod.tracked.node_name != node:
             return BindResult(error=f"pod {namespace}/{name} is already bound to {pod.tracked.node_name}")
+        wrong_scheduler = scheduler_mismatch(pod.manifest, self._config.scheduler_name)
+        if wrong_scheduler:
+            return BindResult(error=wrong_scheduler)
         parsed = read_pod_request(pod.manifest, self._config)
         if isinstance(parsed, RequestError):
             return BindResult(error=parsed.message)
         if parsed is None:
-            return self._plain_bind(namespace, name, pod.tracked.uid, pod.resource_version, node)
+            # kube-scheduler delegates binding only for pods asking for a managed resource; the
+            # extender's binding right is not lent to anything else
+            return BindResult(
+                error=f"pod {namespace}/{name} asks for no GPU resource; the extender binds only GPU pods"
+            )
         return self._gpu_bind(parsed, pod.resource_version, node, pod.tracked.node_name == node)
-
-    def _plain_bind(self, namespace: str, name: str, uid: str, rv: str, node: str) -> BindResult:
-        try:
-            self._api.bind(namespace, name, uid, rv, node, {})
-        except ApiError as exc:
-            return BindResult(error=f"binding {namespace}/{name} to {node}: {exc}", attempts=1)
-        return BindResult(attempts=1)
 
     def _gpu_bind(self, pod: PodRequest, pod_rv: str, node: str, already_bound: bool) -> BindResult:
         ledger = self._store.snapshot().ledger(node)

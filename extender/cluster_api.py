@@ -50,7 +50,29 @@ class WatchHandlers:
     synced: Callable[[str], None]
 
 
-class ClusterApi(Protocol):
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who a bearer token belongs to, as the API server's TokenReview says."""
+
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+class AccessReviewer(Protocol):
+    def review_token(self, token: str) -> Identity | None:
+        """The identity of a bearer token; None when the API server does not authenticate it."""
+        ...
+
+    def review_access(
+        self, identity: Identity, verb: str, group: str, resource: str, subresource: str
+    ) -> tuple[bool, str]:
+        """Whether `identity` may `verb` the (cluster-scoped) resource, and the API's reason."""
+        ...
+
+
+class ClusterApi(AccessReviewer, Protocol):
     def read_pod(self, namespace: str, name: str) -> PodObject: ...
 
     def read_ledger(self, node: str) -> Ledger: ...

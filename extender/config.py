@@ -13,6 +13,15 @@ from topology.workload import DEFAULT_UNITS_PER_GPU, Policy, PolicyName
 
 
 @dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """The extender's serving certificate and the CA whose client certificates may call the verbs."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str
+
+
+@dataclass(frozen=True, slots=True)
 class ExtenderConfig:
     """Everything the extender can be told. Defaults suit a production install."""
 
@@ -32,7 +41,11 @@ class ExtenderConfig:
     )
     default_policy: str = PolicyName.BALANCED.value
     host: str = "0.0.0.0"
-    port: int = 8888
+    port: int = 8888  # the verbs, mutual TLS
+    debug_port: int = 8889  # /debug/*, TLS + Kubernetes identity
+    ops_port: int = 8890  # /healthz, /readyz, /metrics, plain HTTP
+    tls: TlsFiles | None = None  # None only where the caller serves no network (demo, tests)
+    debug_access_ttl_s: float = 30.0
 
     def policy(self, name: str | None) -> Policy | None:
         """The named policy, the default one for None, or None when the name is unknown."""
@@ -73,7 +86,27 @@ def config_from_env(env: Mapping[str, str] | None = None) -> ExtenderConfig:
         default_policy=default_policy,
         host=env.get("LINKPACK_HOST", defaults.host),
         port=_positive_int(env, "LINKPACK_PORT", defaults.port),
+        debug_port=_positive_int(env, "LINKPACK_DEBUG_PORT", defaults.debug_port),
+        ops_port=_positive_int(env, "LINKPACK_OPS_PORT", defaults.ops_port),
+        tls=_tls(env),
+        debug_access_ttl_s=_positive_float(env, "LINKPACK_DEBUG_ACCESS_TTL_S", defaults.debug_access_ttl_s),
     )
+
+
+TLS_VARIABLES = ("LINKPACK_TLS_CERT_FILE", "LINKPACK_TLS_KEY_FILE", "LINKPACK_CLIENT_CA_FILE")
+
+
+def _tls(env: Mapping[str, str]) -> TlsFiles | None:
+    """All three TLS files, or none of them (then `python -m extender` refuses to start)."""
+    given = {k: env.get(k, "").strip() for k in TLS_VARIABLES}
+    if not any(given.values()):
+        return None
+    missing = [k for k, v in given.items() if not v]
+    if missing:
+        raise ConfigError(
+            f"{', '.join(missing)} not set: the TLS settings go together ({', '.join(TLS_VARIABLES)})"
+        )
+    return TlsFiles(*given.values())
 
 
 def _weights(env: Mapping[str, str], defaults: ExtenderConfig) -> dict[str, Policy]:

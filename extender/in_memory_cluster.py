@@ -16,7 +16,7 @@ from typing import Any
 
 from contract.gpu_topology import PublishedTopology
 from contract.ledger import Ledger
-from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, PodObject, WatchHandlers
+from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, Identity, PodObject, WatchHandlers
 from extender.config import ExtenderConfig
 from extender.snapshot import NodeFacts, TrackedPod
 from extender.translate import pod_is_tracked, tracked_pod
@@ -43,6 +43,8 @@ class InMemoryCluster:
         self._handlers: list[WatchHandlers] = []
         self.events: list[RecordedEvent] = []
         self.fail_next_bind: str = ""
+        # bearer token -> (identity, the debug subresources it may use), for debug access tests
+        self.tokens: dict[str, tuple[Identity, frozenset[str]]] = {}
 
     # ------------------------------------------------------------------ cluster-side edits
 
@@ -154,6 +156,20 @@ class InMemoryCluster:
     ) -> None:
         with self._lock:
             self.events.append(RecordedEvent(namespace, pod, reason, message, warning))
+
+    def review_token(self, token: str) -> Identity | None:
+        with self._lock:
+            known = self.tokens.get(token)
+            return known[0] if known else None
+
+    def review_access(
+        self, identity: Identity, verb: str, group: str, resource: str, subresource: str
+    ) -> tuple[bool, str]:
+        with self._lock:
+            for known, allowed in self.tokens.values():
+                if known == identity:
+                    return subresource in allowed, "" if subresource in allowed else "no RBAC rule"
+            return False, "unknown identity"
 
     def run_watches(self, handlers: WatchHandlers, stop: Callable[[], bool]) -> None:
         """Feeds the current contents, then every later change as it happens; returns at once."""

@@ -28,7 +28,7 @@ from contract.keys import (
     ledger_node,
 )
 from contract.ledger import Ledger, encode_ledger, ledger_from_config_map
-from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, PodObject, WatchHandlers
+from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, Identity, PodObject, WatchHandlers
 from extender.config import ExtenderConfig
 from extender.translate import node_facts, pod_is_tracked, read_gpu_topology, tracked_pod
 
@@ -86,6 +86,8 @@ class KubeClusterApi:
         # JSON (see bind), so the API objects are used untyped.
         self._core: Any = client.CoreV1Api(api_client)
         self._custom: Any = client.CustomObjectsApi(api_client)
+        self._authn: Any = client.AuthenticationV1Api(api_client)
+        self._authz: Any = client.AuthorizationV1Api(api_client)
         self._config = cfg
 
     # ------------------------------------------------------------------ reads and writes
@@ -199,6 +201,52 @@ class KubeClusterApi:
             self._core.create_namespaced_event(namespace, body, _preload_content=False)
         except _FAILURES as exc:
             log.warning("could not record event on %s/%s: %s", namespace, pod, exc)
+
+    # ------------------------------------------------------------------ reviews (debug access)
+
+    def review_token(self, token: str) -> Identity | None:
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+        try:
+            raw = self._authn.create_token_review(body, _preload_content=False)
+            status = json.loads(raw.data).get("status") or {}
+        except _FAILURES as exc:
+            raise _translate(exc, "review a debug caller's token") from exc
+        if not status.get("authenticated"):
+            return None
+        user = status.get("user") or {}
+        extra = user.get("extra") or {}
+        return Identity(
+            username=str(user.get("username") or ""),
+            uid=str(user.get("uid") or ""),
+            groups=tuple(str(g) for g in user.get("groups") or ()),
+            extra=tuple(sorted((str(k), tuple(str(v) for v in vs or ())) for k, vs in extra.items())),
+        )
+
+    def review_access(
+        self, identity: Identity, verb: str, group: str, resource: str, subresource: str
+    ) -> tuple[bool, str]:
+        body = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": identity.username,
+                "uid": identity.uid,
+                "groups": list(identity.groups),
+                "extra": {k: list(v) for k, v in identity.extra},
+                "resourceAttributes": {
+                    "group": group,
+                    "resource": resource,
+                    "subresource": subresource,
+                    "verb": verb,
+                },
+            },
+        }
+        try:
+            raw = self._authz.create_subject_access_review(body, _preload_content=False)
+            status = json.loads(raw.data).get("status") or {}
+        except _FAILURES as exc:
+            raise _translate(exc, f"review {identity.username}'s access to {resource}/{subresource}") from exc
+        return bool(status.get("allowed")), str(status.get("reason") or "")
 
     # ------------------------------------------------------------------ watches
 

@@ -96,3 +96,12 @@ def _request_from(amounts: dict[str, int], near_nic: str | None, config: Extende
         return "a pod may ask for exactly one MIG slice (one resource, quantity 1)"
     (resource,) = migs
     return MigSlice(resource[len(names.mig_prefix) :])
+
+
+def scheduler_mismatch(pod: Mapping[str, Any], scheduler_name: str) -> str:
+    """Why a pod is not this extender's to decide ("" when it is): its schedulerName differs."""
+    spec = pod.get("spec") or {}
+    named = str((spec.get("schedulerName") if isinstance(spec, Mapping) else "") or "default-scheduler")
+    if named != scheduler_name:
+        return f"pod {pod_ref(pod).key} is for scheduler {named!r}, not {scheduler_name!r}"
+    return ""

@@ -21,7 +21,7 @@ from extender.cluster_store import ClusterStore
 from extender.config import ExtenderConfig
 from extender.decisions import Decider, FilterOutcome
 from extender.metrics import ExtenderMetrics
-from extender.pod_requests import PodRequest, RequestError, read_pod_request
+from extender.pod_requests import PodRequest, RequestError, read_pod_request, scheduler_mismatch
 from extender.wire import (
     WireError,
     binding_result,
@@ -84,6 +84,9 @@ class ExtenderService:
                 }
             parsed = read_pod_request(args.pod, self.config)
             log = self._entry(pod_ref(args.pod).key)
+            wrong_scheduler = scheduler_mismatch(args.pod, self.config.scheduler_name)
+            if wrong_scheduler and parsed is not None:
+                parsed = RequestError(pod_ref(args.pod), wrong_scheduler)
             log.request = parsed
             if parsed is None:
                 return filter_result(args, args.node_names, {}, {})

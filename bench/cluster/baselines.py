@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bench.cluster.cluster import SimulatedCluster, Decision, affinity_tag
+from bench.cluster.cluster import Decision, SimulatedCluster, affinity_tag
 from bench.cluster.frag_table import IntArray
 from bench.cluster.policy import ClusterPolicy, RunContext, pick_best
 from bench.cluster.trace import MILLI_PER_GPU, TracePod

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.cluster.cluster import SimulatedCluster, Decision
+from bench.cluster.cluster import Decision, SimulatedCluster
 from bench.cluster.frag_table import FloatArray, IntArray
 from bench.cluster.policy import ClusterPolicy, RunContext, pick_best
 from bench.cluster.trace import TracePod

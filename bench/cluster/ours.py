@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from bench.cluster.cluster import SimulatedCluster, Decision
+from bench.cluster.cluster import Decision, SimulatedCluster
 from bench.cluster.frag_table import IntArray
 from bench.cluster.policy import ClusterPolicy, RunContext, pick_best
 from bench.cluster.topologies import topology_for

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from bench.cluster.cluster import SimulatedCluster, Decision
+from bench.cluster.cluster import Decision, SimulatedCluster
 from bench.cluster.frag_table import IntArray
 from bench.cluster.trace import TracePod
 from topology.fragmentation import Workload

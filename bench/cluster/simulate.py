@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.cluster.cluster import SimulatedCluster, Decision
+from bench.cluster.cluster import Decision, SimulatedCluster
 from bench.cluster.frag_table import BoolArray, FloatArray, IntArray
 from bench.cluster.policy import ClusterPolicy, PolicyFactory, RunContext
 from bench.cluster.protocol import RunRecord, build_arrivals, policy_stream

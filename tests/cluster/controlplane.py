@@ -45,12 +45,20 @@ from kubernetes.dynamic.exceptions import ConflictError, ResourceNotFoundError
 
 from tests.cluster.binaries import Binaries
 from tests.cluster.procs import die_with_parent
+from tests.tls_certs import TlsSet
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO_ROOT / "manifests"
 SCHEDULER_CONFIG = MANIFESTS / "scheduler-config.yaml"
 # Placeholders in manifests/scheduler-config.yaml that a test replaces textually.
-EXTENDER_URL_PLACEHOLDER = "http://linkpack-extender.linkpack-system.svc:8888"
+EXTENDER_URL_PLACEHOLDER = "https://linkpack-extender.linkpack-system.svc:8888"
+#: the scheduler's client certificate, key and the CA it checks the extender's certificate with
+TLS_PLACEHOLDERS = (
+    "/etc/linkpack/client/tls.crt",
+    "/etc/linkpack/client/tls.key",
+    "/etc/linkpack/client/ca.crt",
+)
+SERVER_NAME_PLACEHOLDER = "serverName: linkpack-extender.linkpack-system.svc"
 KUBECONFIG_PLACEHOLDER = "/etc/kubernetes/scheduler.conf"
 
 ADMIN_USER = "linkpack-test-admin"
@@ -643,17 +651,48 @@ def load_manifest(path: Path) -> list[dict[str, Any]]:
 
 
 def render_scheduler_config(
-    extender_url: str, kubeconfig_path: Path | str, template: Path = SCHEDULER_CONFIG
+    extender_url: str,
+    kubeconfig_path: Path | str,
+    tls: TlsSet | None = None,
+    template: Path = SCHEDULER_CONFIG,
 ) -> str:
-    """manifests/scheduler-config.yaml with the extender URL and kubeconfig path substituted."""
+    """manifests/scheduler-config.yaml with the extender URL, kubeconfig path and client
+    certificate paths substituted. With `tls` the scheduler speaks mutual TLS with the test
+    certificates; without it (only for the no-op extenders of tests and benchmarks) plain HTTP."""
     text = template.read_text()
-    for placeholder in (EXTENDER_URL_PLACEHOLDER, KUBECONFIG_PLACEHOLDER):
+    placeholders = (
+        EXTENDER_URL_PLACEHOLDER,
+        KUBECONFIG_PLACEHOLDER,
+        *TLS_PLACEHOLDERS,
+        SERVER_NAME_PLACEHOLDER,
+    )
+    for placeholder in placeholders:
         count = text.count(placeholder)
         if count != 1:
             raise ValueError(f"{template}: expected {placeholder!r} exactly once, found it {count} times")
-    return text.replace(EXTENDER_URL_PLACEHOLDER, extender_url.rstrip("/")).replace(
-        KUBECONFIG_PLACEHOLDER, str(kubeconfig_path)
-    )
+    text = text.replace(EXTENDER_URL_PLACEHOLDER, extender_url.rstrip("/"))
+    text = text.replace(KUBECONFIG_PLACEHOLDER, str(kubeconfig_path))
+    if tls is None:
+        return _without_tls(text)
+    for placeholder, path in zip(
+        TLS_PLACEHOLDERS, (tls.client_cert, tls.client_key, tls.server_ca), strict=True
+    ):
+        text = text.replace(placeholder, str(path))
+    return text.replace(SERVER_NAME_PLACEHOLDER, "serverName: 127.0.0.1")
+
+
+def _without_tls(text: str) -> str:
+    """The configuration with the extender's tlsConfig block dropped and HTTPS off."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "tlsConfig:")
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = start + 1
+    while end < len(lines) and (
+        len(lines[end]) - len(lines[end].lstrip()) > indent or not lines[end].strip()
+    ):
+        end += 1
+    del lines[start:end]
+    return "\n".join(lines).replace("enableHTTPS: true", "enableHTTPS: false") + "\n"
 
 
 @contextlib.contextmanager

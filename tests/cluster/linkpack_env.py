@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -16,7 +17,8 @@ from typing import Any
 import httpx
 from kubernetes import client
 
-from tests.cluster.controlplane import MANIFESTS, REPO_ROOT, ControlPlane, free_port
+from tests.cluster.controlplane import REPO_ROOT, ControlPlane, free_port, render_scheduler_config
+from tests.tls_certs import TlsSet, issue_tls_set
 from topology.catalog import load_machine
 from topology.codec import encode_topology
 from topology.model import NodeTopology
@@ -63,54 +65,84 @@ def publish_node(cp: ControlPlane, node: str, topology: NodeTopology) -> None:
     )
 
 
-def scheduler_config(cp: ControlPlane, extender_url: str) -> str:
-    text = (MANIFESTS / "scheduler-config.yaml").read_text()
-    text = text.replace("/etc/kubernetes/scheduler.conf", str(cp.kubeconfig_path))
-    return text.replace("http://linkpack-extender.linkpack-system.svc:8888", extender_url)
+def scheduler_config(cp: ControlPlane, extender_url: str, tls: TlsSet | None = None) -> str:
+    """The shipped scheduler configuration pointed at this control plane and extender."""
+    return render_scheduler_config(extender_url, cp.kubeconfig_path, tls)
 
 
 @dataclass
 class ExtenderProcess:
-    """`python -m extender` against the control plane, on a loopback port."""
+    """`python -m extender` against the control plane, on loopback ports, with test certificates."""
 
     kubeconfig: Path
     log_path: Path
+    tls: TlsSet
     port: int = 0
+    debug_port: int = 0
+    ops_port: int = 0
     proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """The verbs (mutual TLS)."""
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def debug_url(self) -> str:
+        return f"https://127.0.0.1:{self.debug_port}"
+
+    @property
+    def ops_url(self) -> str:
+        return f"http://127.0.0.1:{self.ops_port}"
+
+    def scheduler_client(self) -> httpx.Client:
+        """An HTTPS client holding the scheduler's client certificate (what the verbs require)."""
+        context = ssl.create_default_context(cafile=str(self.tls.server_ca))
+        context.load_cert_chain(str(self.tls.client_cert), str(self.tls.client_key))
+        return httpx.Client(verify=context, timeout=30)
 
     def start(self, timeout_s: float = 60.0) -> None:
         self.port = self.port or free_port()
-        env = {**os.environ, "LINKPACK_NAMESPACE": "linkpack-system", "PYTHONUNBUFFERED": "1"}
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "extender",
-                "--kubeconfig",
-                str(self.kubeconfig),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "info",
-            ],
-            cwd=REPO_ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+        self.debug_port = self.debug_port or free_port()
+        self.ops_port = self.ops_port or free_port()
+        env = {
+            **os.environ,
+            "LINKPACK_NAMESPACE": "linkpack-system",
+            "PYTHONUNBUFFERED": "1",
+            "LINKPACK_TLS_CERT_FILE": str(self.tls.server_cert),
+            "LINKPACK_TLS_KEY_FILE": str(self.tls.server_key),
+            "LINKPACK_CLIENT_CA_FILE": str(self.tls.client_ca),
+        }
+        with self.log_path.open("ab") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "extender",
+                    "--kubeconfig",
+                    str(self.kubeconfig),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--debug-port",
+                    str(self.debug_port),
+                    "--ops-port",
+                    str(self.ops_port),
+                    "--log-level",
+                    "info",
+                ],
+                cwd=REPO_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"extender exited: {self.log_path.read_text()[-3000:]}")
             with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                if httpx.get(f"{self.ops_url}/readyz", timeout=2).status_code == 200:
                     return
             time.sleep(0.2)
         raise RuntimeError(f"extender not ready in {timeout_s}s: {self.log_path.read_text()[-3000:]}")
@@ -122,9 +154,26 @@ class ExtenderProcess:
         self.proc = None
 
 
+def extender_tls(cp: ControlPlane) -> TlsSet:
+    """The control plane's test certificates for the extender and the scheduler (made once)."""
+    directory = cp.log_dir / "tls"
+    if not (directory / "client.key").exists():
+        issue_tls_set(directory)
+    return TlsSet(
+        server_ca=directory / "server-ca.crt",
+        server_cert=directory / "server.crt",
+        server_key=directory / "server.key",
+        client_ca=directory / "client-ca.crt",
+        client_cert=directory / "client.crt",
+        client_key=directory / "client.key",
+        rogue_cert=directory / "rogue.crt",
+        rogue_key=directory / "rogue.key",
+    )
+
+
 @contextlib.contextmanager
 def running_extender(cp: ControlPlane, name: str = "extender", port: int = 0) -> Iterator[ExtenderProcess]:
-    ext = ExtenderProcess(cp.kubeconfig_path, cp.log_dir / f"{name}.log", port)
+    ext = ExtenderProcess(cp.kubeconfig_path, cp.log_dir / f"{name}.log", extender_tls(cp), port)
     ext.start()
     try:
         yield ext

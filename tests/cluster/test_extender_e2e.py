@@ -17,6 +17,8 @@ import httpx
 import pytest
 from kubernetes import client
 
+from contract.allocation import decode_allocation
+from contract.keys import ALLOCATION_ANNOTATION
 from tests.cluster.controlplane import ControlPlane, temporary_namespace
 from tests.cluster.linkpack_env import (
     GPU_NODES,
@@ -29,8 +31,6 @@ from tests.cluster.linkpack_env import (
     wait_until,
 )
 from topology.accounting import accumulate
-from contract.allocation import decode_allocation
-from contract.keys import ALLOCATION_ANNOTATION
 from topology.oracle import oracle_best_set
 from topology.placement import set_quality
 from topology.workload import NodeState, WholeGpus
@@ -45,7 +45,7 @@ def installation(linkpack_crd: ControlPlane) -> Iterator[tuple[ControlPlane, Ext
     for node, topology in TOPOLOGIES.items():
         publish_node(cp, node, topology)
     with running_extender(cp) as extender:
-        cp.start_scheduler(scheduler_config(cp, extender.url))
+        cp.start_scheduler(scheduler_config(cp, extender.url, extender.tls))
         try:
             yield cp, extender
         finally:
@@ -230,16 +230,16 @@ def test_two_extenders_binding_at_once_never_overallocate(
     core = _core(cp)
     names = [f"race-{i}" for i in range(10)]
     for name in names:
-        pod = gpu_pod(name, gpus=2)
-        pod["spec"]["schedulerName"] = "nobody"  # only our two binders act on these pods
+        pod = gpu_pod(name, gpus=2, node="no-such-node")  # the scheduler finds no node: only our binders act
         _create(cp, namespace, pod)
     uids = {p.metadata.name: p.metadata.uid for p in _pods(cp, namespace)}
     results: list[str] = []
     with running_extender(cp, "extender-b") as second:
         wait_until(lambda: all(_ready(e) for e in (first, second)), 30, "both extenders ready")
 
-        def bind(url: str, batch: list[str]) -> None:
-            with httpx.Client(timeout=30) as http:
+        def bind(extender: ExtenderProcess, batch: list[str]) -> None:
+            url = extender.url
+            with extender.scheduler_client() as http:
                 for name in batch:
                     body = {
                         "PodName": name,
@@ -250,8 +250,8 @@ def test_two_extenders_binding_at_once_never_overallocate(
                     results.append(http.post(f"{url}/bind", json=body).json()["Error"])
 
         threads = [
-            threading.Thread(target=bind, args=(first.url, names[0::2])),
-            threading.Thread(target=bind, args=(second.url, names[1::2])),
+            threading.Thread(target=bind, args=(first, names[0::2])),
+            threading.Thread(target=bind, args=(second, names[1::2])),
         ]
         for t in threads:
             t.start()
@@ -265,6 +265,6 @@ def test_two_extenders_binding_at_once_never_overallocate(
 
 def _ready(extender: ExtenderProcess) -> bool:
     try:
-        return httpx.get(f"{extender.url}/readyz", timeout=2).status_code == 200
+        return httpx.get(f"{extender.ops_url}/readyz", timeout=2).status_code == 200
     except httpx.TransportError:
         return False

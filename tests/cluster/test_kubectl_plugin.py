@@ -17,10 +17,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from extender import kubectl_plugin as plugin
-from extender.ledger import LEDGER_LABEL, Ledger, LedgerEntry, encode_ledger, ledger_name
+from contract.allocation import Allocation, encode_allocation
+from contract.keys import ALLOCATION_ANNOTATION, LEDGER_LABEL, ledger_name
+from contract.ledger import Ledger, LedgerEntry, encode_ledger
+from kubectl_linkpack import cli as plugin
 from tests.cluster.controlplane import ControlPlane, bind_pod, delete_fake_node, temporary_namespace
-from topology.allocation import ALLOCATION_ANNOTATION, Allocation, encode_allocation
 from topology.catalog import load_machine
 from topology.codec import encode_topology
 from topology.workload import GpuGrant

@@ -1,0 +1,285 @@
+"""The one adapter between the plugin and the outside world: the API server and the extender.
+
+`ClusterReader` is what the commands need: the GpuTopology objects, the Nodes (for the cordon
+annotation and `spec.unschedulable`), the ledger ConfigMaps, the pods, and the extender's
+explanation of one pod. `KubeReader` implements it with the `kubernetes` client (credentials:
+`--kubeconfig`, else $KUBECONFIG, else ~/.kube/config, else in-cluster) and `httpx` for an
+extender named by URL; otherwise `explain` goes through the API server's service proxy.
+
+Objects come back as plain JSON (what `kubectl get -o json` prints), to be decoded by the pure
+`kubectl_linkpack.snapshot`. Every failure of the client, the network or the credentials leaves
+this module as a `PluginError` naming what was being read; nothing else escapes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import quote
+
+import httpx
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from contract.keys import GROUP, LEDGER_LABEL, TOPOLOGY_PLURAL, TOPOLOGY_VERSION, ledger_name
+from kubectl_linkpack.errors import PluginError
+
+#: The extender's Service and port (manifests/extender-deployment.yaml).
+EXTENDER_SERVICE = "linkpack-extender:8888"
+TIMEOUT_S = 15.0
+_SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+Doc = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderReply:
+    """The extender's answer to GET /debug/explain: its HTTP status and JSON body."""
+
+    status: int
+    doc: Doc
+
+
+class ClusterReader(Protocol):
+    """What the commands read; every method raises `PluginError` and nothing else."""
+
+    def topologies(self) -> list[Doc]:
+        """Every GpuTopology object."""
+        ...
+
+    def topology(self, name: str) -> Doc | None:
+        """One GpuTopology object (None: there is none of that name)."""
+        ...
+
+    def nodes(self) -> list[Doc]:
+        """Every Node object."""
+        ...
+
+    def node(self, name: str) -> Doc | None:
+        """One Node object (None: there is none of that name)."""
+        ...
+
+    def ledgers(self) -> list[Doc]:
+        """Every ledger ConfigMap in Linkpack's namespace."""
+        ...
+
+    def ledger(self, node: str) -> Doc | None:
+        """The ledger ConfigMap of one node (None: the extender never committed there)."""
+        ...
+
+    def pods(self, namespace: str | None) -> list[Doc]:
+        """The pods of one namespace, or of all (None)."""
+        ...
+
+    def explain(self, namespace: str, name: str) -> ExtenderReply:
+        """The extender's explanation of one pod."""
+        ...
+
+    def default_namespace(self) -> str:
+        """The namespace of the current context (never raises; "default" when unknown)."""
+        ...
+
+
+def kubeconfig_path(explicit: str | None) -> str | None:
+    """--kubeconfig, else $KUBECONFIG, else ~/.kube/config when it exists, else None (in-cluster)."""
+    if explicit:
+        return explicit
+    if os.environ.get("KUBECONFIG"):
+        return os.environ["KUBECONFIG"]
+    home = Path.home() / ".kube" / "config"
+    return str(home) if home.exists() else None
+
+
+class KubeReader:
+    """`ClusterReader` over the Kubernetes API; `explain` asks the extender."""
+
+    def __init__(
+        self,
+        kubeconfig: str | None,
+        context: str | None,
+        system_namespace: str,
+        extender_url: str | None,
+    ) -> None:
+        self._path = kubeconfig_path(kubeconfig)
+        self._context = context
+        self._system = system_namespace
+        self._url = extender_url.rstrip("/") if extender_url else None
+        self._client: Any = None
+
+    # ------------------------------------------------------------------------- ClusterReader
+
+    def topologies(self) -> list[Doc]:
+        custom: Any = client.CustomObjectsApi(self._api())
+        return _items(
+            self._read(
+                "listing GpuTopology objects",
+                lambda: custom.list_cluster_custom_object(
+                    GROUP, TOPOLOGY_VERSION, TOPOLOGY_PLURAL, _preload_content=False
+                ),
+            )
+        )
+
+    def topology(self, name: str) -> Doc | None:
+        custom: Any = client.CustomObjectsApi(self._api())
+        return self._read_optional(
+            f"reading GpuTopology {name}",
+            lambda: custom.get_cluster_custom_object(
+                GROUP, TOPOLOGY_VERSION, TOPOLOGY_PLURAL, name, _preload_content=False
+            ),
+        )
+
+    def nodes(self) -> list[Doc]:
+        core: Any = client.CoreV1Api(self._api())
+        return _items(self._read("listing Nodes", lambda: core.list_node(_preload_content=False)))
+
+    def node(self, name: str) -> Doc | None:
+        core: Any = client.CoreV1Api(self._api())
+        return self._read_optional(
+            f"reading Node {name}", lambda: core.read_node(name, _preload_content=False)
+        )
+
+    def ledgers(self) -> list[Doc]:
+        core: Any = client.CoreV1Api(self._api())
+        return _items(
+            self._read(
+                f"listing ledger ConfigMaps in {self._system}",
+                lambda: core.list_namespaced_config_map(
+                    self._system, label_selector=f"{LEDGER_LABEL}=true", _preload_content=False
+                ),
+            )
+        )
+
+    def ledger(self, node: str) -> Doc | None:
+        core: Any = client.CoreV1Api(self._api())
+        name = ledger_name(node)
+        return self._read_optional(
+            f"reading ledger ConfigMap {self._system}/{name}",
+            lambda: core.read_namespaced_config_map(name, self._system, _preload_content=False),
+        )
+
+    def pods(self, namespace: str | None) -> list[Doc]:
+        core: Any = client.CoreV1Api(self._api())
+        if namespace is None:
+            return _items(
+                self._read("listing pods", lambda: core.list_pod_for_all_namespaces(_preload_content=False))
+            )
+        return _items(
+            self._read(
+                f"listing pods in {namespace}",
+                lambda: core.list_namespaced_pod(namespace, _preload_content=False),
+            )
+        )
+
+    def explain(self, namespace: str, name: str) -> ExtenderReply:
+        path = f"debug/explain/{quote(namespace, safe='')}/{quote(name, safe='')}"
+        if self._url:
+            return self._explain_direct(path)
+        return self._explain_proxied(path)
+
+    def default_namespace(self) -> str:
+        if self._path:
+            try:
+                list_contexts: Any = config.list_kube_config_contexts  # untyped in the client
+                contexts, active = list_contexts(config_file=self._path)
+                if self._context:
+                    active = next((c for c in contexts if c.get("name") == self._context), active)
+                return str((active or {}).get("context", {}).get("namespace") or "default")
+            except Exception:  # any unreadable kubeconfig: the API calls will say what is wrong
+                return "default"
+        try:
+            return _SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
+        except OSError:
+            return "default"
+
+    # ------------------------------------------------------------------------- internals
+
+    def _api(self) -> Any:
+        if self._client is None:
+            try:
+                if self._path:
+                    from_file: Any = config.new_client_from_config  # untyped in the client
+                    self._client = from_file(config_file=self._path, context=self._context)
+                else:
+                    load_incluster: Any = config.load_incluster_config  # untyped in the client
+                    load_incluster()
+                    self._client = client.ApiClient(client.Configuration.get_default_copy())
+            except Exception as exc:
+                raise PluginError(f"cannot load Kubernetes credentials: {exc}") from exc
+        return self._client
+
+    def _read(self, what: str, call: Callable[[], Any]) -> Doc:
+        try:
+            return _body(call())
+        except Exception as exc:
+            raise _failure(exc, what) from exc
+
+    def _read_optional(self, what: str, call: Callable[[], Any]) -> Doc | None:
+        try:
+            return _body(call())
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _failure(exc, what) from exc
+        except Exception as exc:
+            raise _failure(exc, what) from exc
+
+    def _explain_direct(self, path: str) -> ExtenderReply:
+        try:
+            reply = httpx.get(f"{self._url}/{path}", timeout=TIMEOUT_S)
+        except Exception as exc:  # httpx.HTTPError, and InvalidURL which is not one
+            raise PluginError(f"asking the extender at {self._url}: {exc}") from exc
+        return ExtenderReply(reply.status_code, _json_or_text(reply.text))
+
+    def _explain_proxied(self, path: str) -> ExtenderReply:
+        api = self._api()
+        api.configuration.safe_chars_for_path_param = "/"  # the proxied path keeps its slashes
+        core: Any = client.CoreV1Api(api)
+        where = f"asking the extender through the service proxy of {self._system}/{EXTENDER_SERVICE}"
+        try:
+            raw = core.connect_get_namespaced_service_proxy_with_path(
+                EXTENDER_SERVICE, self._system, path, _preload_content=False, _request_timeout=TIMEOUT_S
+            )
+            return ExtenderReply(int(raw.status), _json_or_text(raw.data.decode()))
+        except ApiException as exc:
+            body = exc.body.decode() if isinstance(exc.body, bytes) else str(exc.body or "")
+            doc = _json_or_text(body)
+            if exc.status == 404 and "pod" in doc:
+                return ExtenderReply(404, doc)  # the extender's own answer, passed through by the proxy
+            raise _failure(exc, where) from exc
+        except Exception as exc:
+            raise _failure(exc, where) from exc
+
+
+def _body(raw: Any) -> Doc:
+    data = raw.data if hasattr(raw, "data") else raw
+    doc = json.loads(data)
+    if not isinstance(doc, dict):
+        raise ValueError(f"the API answered {type(doc).__name__}, not an object")
+    return doc
+
+
+def _items(doc: Doc) -> list[Doc]:
+    items = doc.get("items") or []
+    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+
+
+def _failure(exc: Exception, what: str) -> PluginError:
+    if isinstance(exc, ApiException):
+        message = exc.reason
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            message = json.loads(exc.body or "{}").get("message") or exc.reason
+        return PluginError(f"{what}: HTTP {exc.status} {message}")
+    return PluginError(f"{what}: {exc}")
+
+
+def _json_or_text(text: str) -> Doc:
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return {"error": text.strip()[:500]}
+    return doc if isinstance(doc, dict) else {"error": str(doc)}

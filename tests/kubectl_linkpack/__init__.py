@@ -1,0 +1,1 @@
+"""Tests of the `kubectl linkpack` plugin (package `kubectl_linkpack`)."""
