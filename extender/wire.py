@@ -56,8 +56,14 @@ def parse_extender_args(body: object) -> ExtenderArgs:
         if not isinstance(items, list):
             raise WireError("'Nodes.items' must be a list")
         nodes = tuple(i for i in items if isinstance(i, dict))
-        node_names = tuple(str((n.get("metadata") or {}).get("name") or "") for n in nodes)
-        return ExtenderArgs(pod, node_names, nodes)
+        node_names = []
+        for position, node in enumerate(nodes):
+            meta = node.get("metadata")
+            name = meta.get("name") if isinstance(meta, dict) else None
+            if not isinstance(name, str) or not name:
+                raise WireError(f"'Nodes.items[{position}].metadata.name' must be a node name")
+            node_names.append(name)
+        return ExtenderArgs(pod, tuple(node_names), nodes)
     raise WireError("neither 'NodeNames' nor 'Nodes' was given")
 
 

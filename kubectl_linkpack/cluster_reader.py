@@ -29,8 +29,14 @@ from kubernetes.client.exceptions import ApiException
 from contract.keys import GROUP, LEDGER_LABEL, TOPOLOGY_PLURAL, TOPOLOGY_VERSION, ledger_name
 from kubectl_linkpack.errors import PluginError
 
-#: The extender's Service and port (manifests/extender-deployment.yaml).
-EXTENDER_SERVICE = "linkpack-extender:8888"
+#: The extender's debug port through the API server's service proxy (scheme:service:port name,
+#: manifests/extender-deployment.yaml). The debug port checks the caller's own token, which the
+#: proxy would drop from `Authorization`, so it travels in `X-Linkpack-Authorization` too.
+EXTENDER_SERVICE = "https:linkpack-extender:debug"
+#: A token to present instead of the kubeconfig's (e.g. from `kubectl create token`).
+TOKEN_ENV = "LINKPACK_TOKEN"
+#: The CA to check a directly named extender's certificate with (default: the system's).
+EXTENDER_CA_ENV = "LINKPACK_EXTENDER_CA"
 TIMEOUT_S = 15.0
 _SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -228,9 +234,28 @@ class KubeReader:
         except Exception as exc:
             raise _failure(exc, what) from exc
 
+    def _bearer(self) -> str:
+        """`Bearer <token>` for the debug endpoints: $LINKPACK_TOKEN, else the kubeconfig's token."""
+        token = os.environ.get(TOKEN_ENV, "").strip()
+        if token:
+            return f"Bearer {token}"
+        configuration = self._api().configuration
+        value = configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
+        if not value:
+            raise PluginError(
+                "the extender's debug endpoints need a Kubernetes token and this kubeconfig has none "
+                f"(it may use a client certificate): set ${TOKEN_ENV}, e.g. to the output of "
+                "`kubectl create token <service-account>` for an account bound to linkpack-debug-reader"
+            )
+        return str(value) if str(value).lower().startswith("bearer ") else f"Bearer {value}"
+
     def _explain_direct(self, path: str) -> ExtenderReply:
+        token = self._bearer()
+        verify: Any = os.environ.get(EXTENDER_CA_ENV) or True
         try:
-            reply = httpx.get(f"{self._url}/{path}", timeout=TIMEOUT_S)
+            reply = httpx.get(
+                f"{self._url}/{path}", headers={"Authorization": token}, timeout=TIMEOUT_S, verify=verify
+            )
         except Exception as exc:  # httpx.HTTPError, and InvalidURL which is not one
             raise PluginError(f"asking the extender at {self._url}: {exc}") from exc
         return ExtenderReply(reply.status_code, _json_or_text(reply.text))
@@ -242,7 +267,12 @@ class KubeReader:
         where = f"asking the extender through the service proxy of {self._system}/{EXTENDER_SERVICE}"
         try:
             raw = core.connect_get_namespaced_service_proxy_with_path(
-                EXTENDER_SERVICE, self._system, path, _preload_content=False, _request_timeout=TIMEOUT_S
+                EXTENDER_SERVICE,
+                self._system,
+                path,
+                _preload_content=False,
+                _request_timeout=TIMEOUT_S,
+                _headers={"X-Linkpack-Authorization": self._bearer()},
             )
             return ExtenderReply(int(raw.status), _json_or_text(raw.data.decode()))
         except ApiException as exc:
@@ -250,6 +280,8 @@ class KubeReader:
             doc = _json_or_text(body)
             if exc.status == 404 and "pod" in doc:
                 return ExtenderReply(404, doc)  # the extender's own answer, passed through by the proxy
+            if exc.status in (401, 403) and "error" in doc and "linkpack" in str(doc.get("error")):
+                raise PluginError(f"the extender refused: {doc['error']}") from exc
             raise _failure(exc, where) from exc
         except Exception as exc:
             raise _failure(exc, where) from exc

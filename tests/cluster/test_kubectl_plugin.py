@@ -158,11 +158,13 @@ def test_pods_matches_the_ledger_with_the_pod(
 
 
 def test_explain_goes_through_the_service_proxy(
-    installed: Installed, capsys: pytest.CaptureFixture[str]
+    installed: Installed, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No extender Service exists here: the API server's answer shows the proxy path was right."""
+    """No extender Service exists here: the API server's answer shows the proxy path (the debug
+    port, with the caller's token) was right."""
+    monkeypatch.setenv("LINKPACK_TOKEN", "a-token-for-the-debug-port")
     argv = ["--kubeconfig", installed.kubeconfig, "explain", "-n", installed.namespace, "trainer"]
     assert plugin.main([*argv, "--extender-url", ""]) == 1
     err = capsys.readouterr().err
-    assert "asking the extender through the service proxy of linkpack-system/linkpack-extender:8888" in err
+    assert "through the service proxy of linkpack-system/https:linkpack-extender:debug" in err
     assert 'services "linkpack-extender" not found' in err

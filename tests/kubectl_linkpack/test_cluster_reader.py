@@ -22,7 +22,7 @@ from .fakes import NODE, default_ledgers, default_nodes, default_topologies
 from .test_explain import UNSEEN, bound_doc
 
 TOPOLOGIES = "/apis/linkpack.io/v1alpha1/gputopologies"
-PROXY = "/api/v1/namespaces/linkpack-system/services/linkpack-extender:8888/proxy"
+PROXY = "/api/v1/namespaces/linkpack-system/services/https:linkpack-extender:debug/proxy"
 
 
 @dataclass
@@ -32,6 +32,7 @@ class FakeHttp:
     url: str = ""
     routes: dict[str, tuple[int, Any]] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)
+    tokens: list[tuple[str, str]] = field(default_factory=list)  # (Authorization, X-Linkpack-Authorization)
 
 
 @pytest.fixture
@@ -41,6 +42,9 @@ def http() -> Iterator[FakeHttp]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             fake.requests.append(self.path)
+            fake.tokens.append(
+                (self.headers.get("Authorization", ""), self.headers.get("X-Linkpack-Authorization", ""))
+            )
             status, body = fake.routes.get(
                 unquote(urlsplit(self.path).path), (404, _status(404, "not found"))
             )
@@ -152,7 +156,8 @@ def test_explain_goes_through_the_service_proxy(tmp_path: Path, http: FakeHttp) 
     reader = _reader(tmp_path, http)
     assert reader.explain("ml", "trainer") == ExtenderReply(200, bound_doc())
     assert reader.explain("other", "ghost") == ExtenderReply(404, UNSEEN)
-    where = "asking the extender through the service proxy of linkpack-system/linkpack-extender:8888"
+    assert http.tokens[-1][1] == "Bearer t"  # the user's own token, past the proxy
+    where = "asking the extender through the service proxy of linkpack-system/https:linkpack-extender:debug"
     with pytest.raises(PluginError, match=f"^{where}: HTTP 503"):
         reader.explain("ml", "down")
     with pytest.raises(PluginError, match=f"^{where}: HTTP 404"):
@@ -171,6 +176,7 @@ def test_main_asks_an_extender_url_over_http(
     assert main(["--kubeconfig", kubeconfig, "explain", "-n", "ml", "a b", "--extender-url", http.url]) == 1
     assert capsys.readouterr().out == "error: never asked about ml/a b\n"
     assert http.requests[-1] == "/debug/explain/ml/a%20b"
+    assert http.tokens[-1][0] == "Bearer t"  # the debug port checks who asks
     dead = f"http://127.0.0.1:{_closed_port()}"
     assert main(["--kubeconfig", kubeconfig, "explain", "ml/x", "--extender-url", dead]) == 1
     assert capsys.readouterr().err.startswith(f"error: asking the extender at {dead}: ")
@@ -222,3 +228,28 @@ def test_bad_resource_settings_are_a_clean_error(
     monkeypatch.setenv("LINKPACK_RESOURCE_GPU", "gpu")
     assert main(["--kubeconfig", kubeconfig, "pods"]) == 1
     assert "LINKPACK_RESOURCE_GPU='gpu': expected a domain-qualified name" in capsys.readouterr().err
+
+
+def test_explain_without_a_token_says_how_to_get_one(
+    tmp_path: Path, http: FakeHttp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kubeconfig without a bearer token (client certificates) gets a clear error, not a 401 page;
+    $LINKPACK_TOKEN supplies one."""
+    path = tmp_path / "cert-kubeconfig.yaml"
+    path.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: "{http.url}"}}}}]
+users: [{{name: u, user: {{}}}}]
+contexts: [{{name: fake, context: {{cluster: fake, user: u}}}}]
+current-context: fake
+"""
+    )
+    monkeypatch.delenv("LINKPACK_TOKEN", raising=False)
+    reader = KubeReader(str(path), None, "linkpack-system", None)
+    with pytest.raises(PluginError, match="LINKPACK_TOKEN"):
+        reader.explain("ml", "trainer")
+    monkeypatch.setenv("LINKPACK_TOKEN", "from-env")
+    http.routes[f"{PROXY}/debug/explain/ml/trainer"] = (200, bound_doc())
+    assert reader.explain("ml", "trainer").status == 200
+    assert http.tokens[-1][1] == "Bearer from-env"
