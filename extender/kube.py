@@ -1,4 +1,5 @@
-"""The real Kubernetes adapter of the extender (the only extender module importing `kubernetes`).
+"""The real Kubernetes adapter of the extender (with `extender.kube_watch`, the only extender
+modules importing `kubernetes`).
 
 It lists and watches Nodes, Pods, GpuTopology records and ledger ConfigMaps, reads pods
 fresh for bind, commits ledgers with resourceVersion preconditions and creates Bindings.
@@ -11,10 +12,10 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubernetes import client, config, watch
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
@@ -30,6 +31,7 @@ from contract.keys import (
 from contract.ledger import Ledger, encode_ledger, ledger_from_config_map
 from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, Identity, PodObject, WatchHandlers
 from extender.config import ExtenderConfig
+from extender.kube_watch import ListWatch, Sink
 from extender.translate import node_facts, pod_is_tracked, read_gpu_topology, tracked_pod
 
 log = logging.getLogger("linkpack.extender.kube")
@@ -71,11 +73,6 @@ def _status_message(exc: ApiException) -> str:
 
 
 _FAILURES = (ApiException, HTTPError, OSError, ValueError)
-
-
-def _new_watch() -> Any:
-    factory: Any = watch.Watch
-    return factory()
 
 
 class KubeClusterApi:
@@ -252,8 +249,8 @@ class KubeClusterApi:
 
     def run_watches(self, handlers: WatchHandlers, stop: Callable[[], bool]) -> None:
         loops = [
-            _ListWatch("nodes", self._core.list_node, self._on_node(handlers), stop, self._config),
-            _ListWatch(
+            ListWatch("nodes", self._core.list_node, self._on_node(handlers), stop, self._config),
+            ListWatch(
                 "topologies",
                 lambda **kw: self._custom.list_cluster_custom_object(
                     GROUP, TOPOLOGY_VERSION, TOPOLOGY_PLURAL, **kw
@@ -262,7 +259,7 @@ class KubeClusterApi:
                 stop,
                 self._config,
             ),
-            _ListWatch(
+            ListWatch(
                 "ledgers",
                 lambda **kw: self._core.list_namespaced_config_map(
                     self._config.namespace, label_selector=f"{LEDGER_LABEL}=true", **kw
@@ -271,7 +268,7 @@ class KubeClusterApi:
                 stop,
                 self._config,
             ),
-            _ListWatch(
+            ListWatch(
                 "pods", self._core.list_pod_for_all_namespaces, self._on_pod(handlers), stop, self._config
             ),
         ]
@@ -282,16 +279,16 @@ class KubeClusterApi:
             t.join()
             del lp
 
-    def _on_node(self, h: WatchHandlers) -> _Sink:
+    def _on_node(self, h: WatchHandlers) -> Sink:
         def sink(event: str, obj: Mapping[str, Any]) -> None:
             if event == "DELETED":
                 h.node_deleted(str(obj["metadata"]["name"]))
             else:
                 h.node(node_facts(obj, self._config.resources))
 
-        return _Sink("nodes", sink, h.synced, lambda o: str(o["metadata"]["name"]), h.node_deleted)
+        return Sink("nodes", sink, h.synced, lambda o: str(o["metadata"]["name"]), h.node_deleted)
 
-    def _on_topology(self, h: WatchHandlers) -> _Sink:
+    def _on_topology(self, h: WatchHandlers) -> Sink:
         def sink(event: str, obj: Mapping[str, Any]) -> None:
             name = str(obj["metadata"]["name"])
             if event == "DELETED":
@@ -302,7 +299,7 @@ class KubeClusterApi:
                 log.error("node %s treated as without topology: %s", name, problem)
             h.topology(node or name, published, problem)
 
-        return _Sink(
+        return Sink(
             "topologies",
             sink,
             h.synced,
@@ -310,7 +307,7 @@ class KubeClusterApi:
             lambda n: h.topology(n, None, ""),
         )
 
-    def _on_ledger(self, h: WatchHandlers) -> _Sink:
+    def _on_ledger(self, h: WatchHandlers) -> Sink:
         def sink(event: str, obj: Mapping[str, Any]) -> None:
             try:
                 ledger = ledger_from_config_map(obj)
@@ -325,9 +322,9 @@ class KubeClusterApi:
         def node_of(o: Mapping[str, Any]) -> str:
             return ledger_node(str(o["metadata"]["name"]))
 
-        return _Sink("ledgers", sink, h.synced, node_of, h.ledger_deleted)
+        return Sink("ledgers", sink, h.synced, node_of, h.ledger_deleted)
 
-    def _on_pod(self, h: WatchHandlers) -> _Sink:
+    def _on_pod(self, h: WatchHandlers) -> Sink:
         cfg = self._config
 
         def sink(event: str, obj: Mapping[str, Any]) -> None:
@@ -336,92 +333,4 @@ class KubeClusterApi:
             elif pod_is_tracked(obj, cfg):
                 h.pod(tracked_pod(obj))
 
-        return _Sink("pods", sink, h.synced, lambda o: str(o["metadata"].get("uid") or ""), h.pod_deleted)
-
-
-class _Sink:
-    """Where one kind's events go, and how a relist removes what vanished meanwhile."""
-
-    def __init__(
-        self,
-        kind: str,
-        apply: Callable[[str, Mapping[str, Any]], None],
-        synced: Callable[[str], None],
-        key: Callable[[Mapping[str, Any]], str],
-        vanished: Callable[[str], None],
-    ) -> None:
-        self.kind, self.apply, self.synced, self.key, self.vanished = kind, apply, synced, key, vanished
-
-
-class _ListWatch:
-    """LIST, then WATCH from the list's resourceVersion; relist on 410 Gone and every resync."""
-
-    def __init__(
-        self,
-        kind: str,
-        list_fn: Callable[..., Any],
-        sink: _Sink,
-        stop: Callable[[], bool],
-        cfg: ExtenderConfig,
-    ) -> None:
-        self.kind, self._list, self._sink, self._stop, self._cfg = kind, list_fn, sink, stop, cfg
-        self._known: set[str] = set()
-
-    def run(self) -> None:
-        backoff = 0.5
-        while not self._stop():
-            try:
-                rv = self._relist()
-                self._sink.synced(self.kind)
-                self._watch(rv)
-                backoff = 0.5
-            except (*_FAILURES, ApiError) as exc:
-                log.warning("watch of %s interrupted (%s); relisting in %.1fs", self.kind, exc, backoff)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
-
-    def _relist(self) -> str:
-        raw = self._list(_preload_content=False)
-        doc = json.loads(raw.data)
-        seen: set[str] = set()
-        for item in doc.get("items") or []:
-            self._sink.apply("ADDED", item)
-            seen.add(self._sink.key(item))
-        for gone in sorted(self._known - seen):
-            self._sink.vanished(gone)
-        self._known = seen
-        return str((doc.get("metadata") or {}).get("resourceVersion") or "")
-
-    def _watch(self, rv: str) -> None:
-        deadline = time.monotonic() + self._cfg.resync_period_s
-        while not self._stop() and time.monotonic() < deadline:
-            w: Any = _new_watch()
-            timeout = max(1, min(30, int(deadline - time.monotonic())))
-            try:
-                for event in self._events(w, rv, timeout):
-                    kind = event.get("type")
-                    obj = event.get("raw_object") or {}
-                    if kind == "ERROR":
-                        if obj.get("code") == 410:
-                            return  # expired: relist
-                        raise ApiError(f"watch {self.kind}: {obj.get('message')}")
-                    meta = obj.get("metadata") or {}
-                    rv = str(meta.get("resourceVersion") or rv)
-                    if kind == "BOOKMARK":
-                        continue
-                    self._sink.apply(str(kind), obj)
-                    key = self._sink.key(obj)
-                    (self._known.discard if kind == "DELETED" else self._known.add)(key)
-                    if self._stop():
-                        return
-            except ApiException as exc:
-                if exc.status == 410:
-                    return
-                raise
-            finally:
-                w.stop()
-
-    def _events(self, w: Any, rv: str, timeout: int) -> Iterator[dict[str, Any]]:
-        yield from w.stream(
-            self._list, resource_version=rv, allow_watch_bookmarks=True, timeout_seconds=timeout
-        )
+        return Sink("pods", sink, h.synced, lambda o: str(o["metadata"].get("uid") or ""), h.pod_deleted)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from extender import kube
+from extender import kube_watch as kube
 from extender.config import ExtenderConfig
 
 
@@ -64,7 +64,7 @@ def test_expired_watch_relists_and_forgets_vanished_objects(monkeypatch: pytest.
     seen: list[tuple[str, str]] = []
     vanished: list[str] = []
     synced: list[str] = []
-    sink = kube._Sink(
+    sink = kube.Sink(
         "nodes",
         lambda ev, o: seen.append((ev, o["metadata"]["name"])),
         synced.append,
@@ -77,7 +77,7 @@ def test_expired_watch_relists_and_forgets_vanished_objects(monkeypatch: pytest.
         calls["n"] += 1
         return len(api.lists) == 0 and calls["n"] > 6
 
-    loop = kube._ListWatch("nodes", api.list_fn, sink, stop, ExtenderConfig(resync_period_s=0.2))
+    loop = kube.ListWatch("nodes", api.list_fn, sink, stop, ExtenderConfig(resync_period_s=0.2))
     loop.run()
     assert api.watched_from[0] == "101"  # resumed from the first list's resourceVersion
     assert ("MODIFIED", "b") in seen
