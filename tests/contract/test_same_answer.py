@@ -1,0 +1,111 @@
+"""The extender and the node agent read the same pods the same way.
+
+Each fixture pod (plain, init, sidecar, sidecar before init, MIG, shares, several containers) is
+read by the extender (`extender.pod_requests`, what it grants) and by the node agent
+(`node_agent.kube.pod_from_dict`, what its device plugin hands out). Both must find the
+fixture's effective request; and the allocation the extender commits for the pod must be one
+the device plugin can cut into the containers' slots, so the kubelet admits the pod.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from contract.allocation import decode_allocation
+from contract.gpu_topology import as_published
+from contract.keys import ALLOCATION_ANNOTATION
+from contract.pod_demand import effective_amount
+from contract.resources import ResourceNames
+from extender.__main__ import handlers_for
+from extender.config import ExtenderConfig
+from extender.in_memory_cluster import InMemoryCluster
+from extender.pod_requests import PodRequest, read_pod_request
+from extender.service import ExtenderService
+from extender.snapshot import NodeFacts
+from node_agent.deviceplugin.inventory import Inventory
+from node_agent.deviceplugin.records import split_record
+from node_agent.kube import pod_from_dict
+from node_agent.pod_records import bound_pod
+from tests.contract.pod_fixtures import CASES, Case
+from topology.catalog import load_machine
+from topology.model import MigDevice, MigMode, NodeTopology
+
+pytestmark = pytest.mark.timeout(60)
+
+NAMES = ResourceNames()
+NODE = "node-a"
+
+
+def dgx_a100_with_mig() -> NodeTopology:
+    """A DGX A100 whose GPU 7 is in MIG mode with seven 1g.10gb instances."""
+    base = load_machine("dgx-a100")
+    gpus = []
+    for g in base.gpus:
+        g = replace(
+            g, uuid=f"GPU-0000000{g.index}-aaaa-bbbb-cccc-dddddddddddd", memory_mib=g.memory_mib or 81920
+        )
+        if g.index == 7:
+            migs = tuple(
+                MigDevice(f"MIG-0000000{k}-aaaa-bbbb-cccc-eeeeeeeeeeee", "1g.10gb", k + 7, 0, 9728)
+                for k in range(7)
+            )
+            g = replace(g, mig_mode=MigMode.ENABLED, mig_devices=migs)
+        gpus.append(g)
+    return replace(base, gpus=tuple(gpus))
+
+
+TOPOLOGY = dgx_a100_with_mig()
+GPU_CASES = [c for c in CASES if c.effective]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.manifest["metadata"]["name"])
+def test_both_sides_find_the_effective_request(case: Case) -> None:
+    """The extender's granted amounts and the node agent's per-resource totals are the fixture's."""
+    extender_side = read_pod_request(case.manifest, ExtenderConfig())
+    node_pod = pod_from_dict(case.manifest, NAMES.managed)
+    node_side = {
+        r: effective_amount(node_pod.demands, r)
+        for r in sorted({r for d in node_pod.demands for r, _ in d.amounts})
+    }
+    node_side = {r: n for r, n in node_side.items() if n}
+    if not case.effective:
+        assert extender_side is None and node_side == {}
+        return
+    assert isinstance(extender_side, PodRequest), extender_side
+    assert dict(extender_side.resources) == case.effective == node_side, case.description
+
+
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.manifest["metadata"]["name"])
+def test_what_the_extender_commits_the_device_plugin_can_hand_out(case: Case) -> None:
+    """Bind the pod with the extender, then give its record to the device plugin's splitter:
+    every container gets slots and the record covers exactly the pod's request."""
+    config = ExtenderConfig()
+    cluster = InMemoryCluster(config)
+    cluster.add_node(NodeFacts(NODE), as_published(NODE, TOPOLOGY))
+    service = ExtenderService(config, cluster)
+    cluster.run_watches(handlers_for(service), lambda: True)
+    manifest: dict[str, Any] = {
+        **case.manifest,
+        "spec": {k: v for k, v in case.manifest["spec"].items() if k != "nodeName"},
+    }
+    created = cluster.create_pod(manifest)
+    meta = created["metadata"]
+    reply = service.bind(
+        {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": NODE}
+    )
+    assert reply == {"Error": ""}, case.description
+    stored = cluster.read_pod(meta["namespace"], meta["name"]).manifest
+    allocation = decode_allocation(stored["metadata"]["annotations"][ALLOCATION_ANNOTATION])
+    pod = bound_pod(pod_from_dict(stored, NAMES.managed))
+    slots = split_record(pod, allocation, Inventory.from_topology(TOPOLOGY))
+    assert not isinstance(slots, str), f"{case.description}: {slots}"
+    asked = {
+        (i, r)
+        for i, d in enumerate(pod.containers)
+        for r, n in d.amounts
+        if n and NAMES.kind(r) is not NAMES.kind(NAMES.memory_mib)
+    }
+    assert {(s.position, s.resource) for s in slots} == asked
