@@ -100,10 +100,11 @@ def decode_allocation(text: str) -> Allocation:
     if not grants:
         raise AllocationError("allocation: 'gpus' is empty")
     resources = _field(doc, "resources", dict)
+    named = _field(doc, "enforcement", str)
     try:
-        enforcement = Enforcement(_field(doc, "enforcement", str))
+        enforcement = Enforcement(named)
     except ValueError as exc:
-        raise AllocationError(f"allocation: unknown enforcement {doc['enforcement']!r}") from exc
+        raise AllocationError(f"allocation: field 'enforcement': unknown level {named[:40]!r}") from exc
     return Allocation(
         node=_field(doc, "node", str),
         grants=grants,
@@ -149,14 +150,28 @@ def _decode_grant(raw: object, position: int) -> GpuGrant:
     )
 
 
-def _load_object(text: str, what: str) -> dict[str, Any]:
+def load_json_object(text: object, what: str, error: type[ValueError]) -> dict[str, Any]:
+    """A JSON object from text that may be anything: `error` (naming `what`) unless it is one.
+
+    Also refuses what `json.loads` itself chokes on: nesting deeper than the interpreter's
+    recursion limit and integers of more than 4300 digits."""
+    if not isinstance(text, str):
+        raise error(f"{what}: expected JSON text, got {type(text).__name__}")
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise AllocationError(f"{what}: not JSON ({exc.msg} at position {exc.pos})") from exc
+        raise error(f"{what}: not JSON ({exc.msg} at position {exc.pos})") from exc
+    except RecursionError:
+        raise error(f"{what}: JSON nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer too long to convert
+        raise error(f"{what}: unreadable JSON ({exc})") from None
     if not isinstance(doc, dict):
-        raise AllocationError(f"{what}: expected a JSON object")
+        raise error(f"{what}: expected a JSON object")
     return doc
+
+
+def _load_object(text: str, what: str) -> dict[str, Any]:
+    return load_json_object(text, what, AllocationError)
 
 
 def _expect_schema(doc: dict[str, Any], schema: str) -> None:

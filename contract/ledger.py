@@ -12,11 +12,18 @@ This module is pure: the types and their JSON form. Only the extender writes led
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from contract.allocation import Allocation, AllocationError, decode_allocation, encode_allocation
+from contract.allocation import (
+    Allocation,
+    AllocationError,
+    decode_allocation,
+    encode_allocation,
+    load_json_object,
+)
 from contract.keys import ledger_node
 from topology.workload import GpuGrant
 
@@ -87,34 +94,47 @@ def decode_ledger(node: str, data: Mapping[str, str] | None, resource_version: s
     """A ledger from its ConfigMap `data`; an absent or empty map is an empty ledger."""
     if not data or "ledger" not in data:
         return Ledger(node, (), resource_version)
-    try:
-        doc = json.loads(data["ledger"])
-    except json.JSONDecodeError as exc:
-        raise LedgerError(f"ledger of {node}: not JSON ({exc.msg})") from exc
-    if not isinstance(doc, dict) or doc.get("schema") != LEDGER_SCHEMA:
-        raise LedgerError(
-            f"ledger of {node}: unsupported schema {doc.get('schema') if isinstance(doc, dict) else doc!r}"
-        )
-    entries = []
-    for position, raw in enumerate(doc.get("entries") or []):
-        try:
-            entries.append(
-                LedgerEntry(
-                    pod_uid=str(raw["podUid"]),
-                    namespace=str(raw["namespace"]),
-                    name=str(raw["name"]),
-                    allocation=decode_allocation(str(raw["allocation"])),
-                    reserved_at=float(raw["reservedAt"]),
-                )
-            )
-        except (KeyError, TypeError, ValueError, AllocationError) as exc:
-            raise LedgerError(f"ledger of {node}: entries[{position}]: {exc}") from exc
+    doc = load_json_object(data["ledger"], f"ledger of {node}: data.ledger", LedgerError)
+    if doc.get("schema") != LEDGER_SCHEMA:
+        raise LedgerError(f"ledger of {node}: unsupported schema {str(doc.get('schema'))[:60]!r}")
+    raw_entries = doc.get("entries") or []
+    if not isinstance(raw_entries, list):
+        raise LedgerError(f"ledger of {node}: entries: expected a list, got {type(raw_entries).__name__}")
+    entries = [_entry(node, position, raw) for position, raw in enumerate(raw_entries)]
     return Ledger(node, _sorted(entries), resource_version)
+
+
+def _entry(node: str, position: int, raw: object) -> LedgerEntry:
+    where = f"ledger of {node}: entries[{position}]"
+    if not isinstance(raw, dict):
+        raise LedgerError(f"{where}: expected an object, got {type(raw).__name__}")
+    texts = {}
+    for key in ("podUid", "namespace", "name", "allocation"):
+        value = raw.get(key)
+        if not isinstance(value, str):
+            raise LedgerError(f"{where}.{key}: expected a string, got {type(value).__name__}")
+        texts[key] = value
+    reserved_at = raw.get("reservedAt")
+    if isinstance(reserved_at, bool) or not isinstance(reserved_at, (int, float)):
+        raise LedgerError(f"{where}.reservedAt: expected seconds since the epoch, got {reserved_at!r:.40}")
+    try:
+        seconds = float(reserved_at)
+    except OverflowError:
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise LedgerError(f"{where}.reservedAt: {str(reserved_at)[:40]} is not a time")
+    try:
+        allocation = decode_allocation(texts["allocation"])
+    except AllocationError as exc:
+        raise LedgerError(f"{where}.allocation: {exc}") from exc
+    return LedgerEntry(texts["podUid"], texts["namespace"], texts["name"], allocation, seconds)
 
 
 def ledger_from_config_map(obj: Mapping[str, Any]) -> Ledger:
     """A ledger from its ConfigMap as JSON (the node comes from the ConfigMap's name)."""
     meta = obj.get("metadata") or {}
+    if not isinstance(meta, Mapping):
+        raise LedgerError(f"ledger of ?: metadata: expected an object, got {type(meta).__name__}")
     node = ledger_node(str(meta.get("name") or ""))
     data = obj.get("data")
     if data is not None and not isinstance(data, Mapping):

@@ -6,10 +6,15 @@ or "1Ki", and both sides must read the same number from it.
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 
 _DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL_NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)", re.ASCII)
+_EXPONENT = re.compile(r"[+-]?[0-9]{1,3}", re.ASCII)
+#: Longer than any quantity Kubernetes accepts (its own limit is 64 characters of number).
+MAX_QUANTITY_CHARS = 64
 
 
 class QuantityError(ValueError):
@@ -21,6 +26,8 @@ def parse_quantity(text: str) -> Fraction:
     text = text.strip()
     if not text:
         raise QuantityError("not a quantity: ''")
+    if len(text) > MAX_QUANTITY_CHARS:
+        raise QuantityError(f"not a quantity: {text[:20]!r}... is {len(text)} characters long")
     for suffix, factor in _BINARY.items():
         if text.endswith(suffix):
             return _number(text[: -len(suffix)], text) * factor
@@ -30,7 +37,7 @@ def parse_quantity(text: str) -> Fraction:
         return _number(text[:-1], text) * _DECIMAL[text[-1]]
     mantissa, sep, exponent = text.lower().partition("e")
     if sep:
-        if not exponent.lstrip("+-").isdigit() or len(exponent.lstrip("+-")) > 3:
+        if not _EXPONENT.fullmatch(exponent):
             raise QuantityError(f"not a quantity: {text!r}")
         return _number(mantissa, text) * Fraction(10) ** int(exponent)
     return _number(text, text)
@@ -45,7 +52,6 @@ def whole_quantity(text: str) -> int:
 
 
 def _number(digits: str, whole: str) -> Fraction:
-    body = digits[1:] if digits[:1] in "+-" else digits
-    if not body or not body.replace(".", "", 1).isdigit():
+    if not _DECIMAL_NUMBER.fullmatch(digits):
         raise QuantityError(f"not a quantity: {whole!r}")
     return Fraction(digits)

@@ -140,7 +140,9 @@ class NodeTopology:
         return {(lk.a, lk.b): lk for lk in self.gpu_links}
 
 
-_CPULIST_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+_CPULIST_RE = re.compile(r"^[0-9]{1,6}(-[0-9]{1,6})?(,[0-9]{1,6}(-[0-9]{1,6})?)*$")
+#: Linux numbers CPUs and NUMA nodes far below this; a larger one is a damaged list.
+MAX_CPU = 65535
 
 
 def parse_cpulist(text: str) -> frozenset[int]:
@@ -156,5 +158,7 @@ def parse_cpulist(text: str) -> frozenset[int]:
         start, end = int(lo), int(hi or lo)
         if end < start:
             raise ValueError(f"cpulist range runs backwards: {part!r}")
+        if end > MAX_CPU:
+            raise ValueError(f"cpulist number {end} is above {MAX_CPU}: {part!r}")
         cpus.update(range(start, end + 1))
     return frozenset(cpus)

@@ -44,7 +44,7 @@ _RAW_NIC_RE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
 _CODE_RE = re.compile(r"X|NV\d+|SYS|SOC|NODE|PHB|PXB|PIX|PSB")
 _CODE_RUN_RE = re.compile(f"(?:{_CODE_RE.pattern})+")
 _CODE_SHAPED_RE = re.compile(r"^[A-Z][A-Z0-9#]{0,7}$")
-_NV_RE = re.compile(r"^NV(\d+)$")
+_NV_RE = re.compile(r"^NV([0-9]{1,3})$")  # more digits than any real NVLink count: an unknown code
 
 # Codes with a fixed meaning. `SOC` is the pre-384 spelling of SYS; `PSB` ("a single on-board
 # PCIe switch", an intermediate-era code) is read as PIX.

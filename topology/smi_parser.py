@@ -82,7 +82,11 @@ def parse_topo_matrix(text: str, *, model: str = "", memory_mib: int = 0) -> Par
     """Parse one `nvidia-smi topo -m` output. `model` and `memory_mib` are applied to every GPU."""
     warnings: list[str] = []
     lines = clean_lines(text, warnings)
-    header_at = next(i for i, line in enumerate(lines) if line.text.strip())
+    header_at = next((i for i, line in enumerate(lines) if line.text.strip()), None)
+    if header_at is None:
+        raise TopologyParseError(
+            1, "nothing but terminal escape codes: expected the output of `nvidia-smi topo -m`"
+        )
     header = parse_header(lines[header_at], warnings)
     rows, matrix_end = _read_rows(lines, header_at + 1, header, warnings)
     _check_row_set(lines[header_at].number, header, rows, warnings)
@@ -334,6 +338,6 @@ def _numa_node(row: _Row, value: str) -> int | None:
 def _gpu_numa_id(row: _Row, value: str) -> int | None:
     if value == "N/A":
         return None
-    if not value.isdigit():
-        raise TopologyParseError(row.line, f"row {row.label}: GPU NUMA ID {value!r} is not a number")
+    if not (value.isascii() and value.isdigit() and len(value) <= 6):
+        raise TopologyParseError(row.line, f"row {row.label}: GPU NUMA ID {value[:40]!r} is not a number")
     return int(value)
