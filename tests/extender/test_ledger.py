@@ -36,7 +36,7 @@ def test_an_absent_configmap_is_an_empty_ledger() -> None:
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"ledger": "{"}, "ledger of n1: not JSON"),
+        ({"ledger": "{"}, "ledger of n1: data.ledger: not JSON"),
         ({"ledger": '{"schema": "v0"}'}, "unsupported schema 'v0'"),
         ({"ledger": '{"schema": "linkpack.io/ledger/v1", "entries": [{"podUid": "a"}]}'}, "entries\\[0\\]"),
     ],

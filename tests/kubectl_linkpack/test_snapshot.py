@@ -124,7 +124,7 @@ def test_ledgers_and_pod_annotations_are_read() -> None:
     ledgers, errors = ledgers_from(FakeReader().ledgers())
     assert ledgers[NODE] == LEDGER and ledgers[GONE].entries == ()
     assert ledgers[DRAINED] == ledger_from_config_map(default_ledgers()[DRAINED])
-    assert set(errors) == {BROKEN} and "unsupported schema" in errors[BROKEN]
+    assert set(errors) == {BROKEN} and "expected a JSON object" in errors[BROKEN]
     pods = {p.ref.name: p for p in pod_allocations(default_pods())}
     assert set(pods) == {"train", "infer", "stray", "broken", "job"}
     assert pods["train"].allocation == WHOLE and pods["train"].ref.uid == "uid-train"
