@@ -20,22 +20,47 @@ CONSUMED_SCHEMA = "linkpack.io/consumed/v1"
 
 
 class Enforcement(StrEnum):
-    """How strictly a share is held to its limits on the node."""
+    """How strictly a container is held to its grant on the node (recorded in the allocation)."""
 
-    NONE = "none"  # whole GPUs: nothing to enforce beyond device isolation
+    NONE = "none"  # whole GPUs: device isolation is all there is to enforce
     COOPERATIVE = "cooperative"  # framework memory caps through the shim; a process may ignore them
-    MPS = "mps"  # CUDA MPS pinned memory limit and thread percentage
+    INTERPOSER = "interposer"  # the CUDA driver-API interposer: memory cap and time-slice quota
+    HARD_MPS = "hard-mps"  # CUDA MPS: pinned memory limit and active thread percentage per client
     MIG = "mig"  # hardware partition
+    MPS = "hard-mps"  # the earlier name of HARD_MPS (an alias: the same member)
 
 
-def enforcement_for(grants: Sequence[GpuGrant], mps_enabled: bool) -> Enforcement:
-    """How strictly these grants are enforced on a node: MIG instances by hardware, whole GPUs need
-    nothing, shares by MPS when the node runs an MPS daemon, otherwise only cooperatively."""
+#: Values written by earlier versions, read as today's level.
+_LEGACY_LEVELS = {"mps": Enforcement.HARD_MPS}
+
+
+class ComputePriority(StrEnum):
+    """How a share's kernels yield to other sharers of its GPU."""
+
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+
+def enforcement_for(
+    grants: Sequence[GpuGrant],
+    mps_enabled: bool,
+    interposer_available: bool = False,
+    interposer_opt_out: bool = False,
+) -> Enforcement:
+    """How strictly these grants are held on a node, decided once (by the extender, from what the
+    node publishes about itself): MIG instances by hardware, whole GPUs need nothing; shares by
+    MPS where the node runs an MPS daemon, else by the interposer where the node ships it (unless
+    the pod opted out), else only cooperatively."""
     if any(g.mig_uuid for g in grants):
         return Enforcement.MIG
     if all(g.whole for g in grants):
         return Enforcement.NONE
-    return Enforcement.MPS if mps_enabled else Enforcement.COOPERATIVE
+    if mps_enabled:
+        return Enforcement.HARD_MPS
+    if interposer_available and not interposer_opt_out:
+        return Enforcement.INTERPOSER
+    return Enforcement.COOPERATIVE
 
 
 class AllocationError(ValueError):
@@ -51,6 +76,7 @@ class Allocation:
     generation: int = 1
     enforcement: Enforcement = Enforcement.NONE
     resources: tuple[tuple[str, int], ...] = ()  # extended resources the pod asked for, sorted
+    priority: ComputePriority = ComputePriority.NORMAL  # how its kernels yield to other sharers
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:
@@ -76,6 +102,7 @@ def encode_allocation(a: Allocation) -> str:
         "node": a.node,
         "generation": a.generation,
         "enforcement": a.enforcement.value,
+        "computePriority": a.priority.value,
         "resources": dict(a.resources),
         "gpus": [
             {
@@ -102,14 +129,20 @@ def decode_allocation(text: str) -> Allocation:
     resources = _field(doc, "resources", dict)
     named = _field(doc, "enforcement", str)
     try:
-        enforcement = Enforcement(named)
+        enforcement = _LEGACY_LEVELS.get(named) or Enforcement(named)
     except ValueError as exc:
         raise AllocationError(f"allocation: field 'enforcement': unknown level {named[:40]!r}") from exc
+    priority_name = doc.get("computePriority", ComputePriority.NORMAL.value)  # absent in older records
+    if not isinstance(priority_name, str) or priority_name not in set(ComputePriority):
+        raise AllocationError(
+            f"allocation: field 'computePriority': expected high, normal or low, got {str(priority_name)[:40]!r}"
+        )
     return Allocation(
         node=_field(doc, "node", str),
         grants=grants,
         generation=_field(doc, "generation", int),
         enforcement=enforcement,
+        priority=ComputePriority(priority_name),
         resources=tuple(sorted((str(k), _as_int(v, f"resources.{k}")) for k, v in resources.items())),
     )
 

@@ -53,6 +53,7 @@ class TopologyStatus:
     gpu_count: int = 0
     agent_version: str = ""
     mps_active: bool = False  # a healthy MPS control daemon serves this node's shares
+    interposer_available: bool = False  # the node can load the CUDA interposer into share containers
     cordon_problems: tuple[str, ...] = ()
     heartbeat: str = ""  # RFC 3339; "" when never written
 
@@ -89,6 +90,7 @@ def encode_status(status: TopologyStatus, *, with_heartbeat: bool = True) -> dic
         "gpuCount": status.gpu_count,
         "agentVersion": status.agent_version,
         "mps": {"active": status.mps_active},
+        "interposer": {"available": status.interposer_available},
         "cordonProblems": list(status.cordon_problems),
     }
     if with_heartbeat and status.heartbeat:
@@ -107,11 +109,13 @@ def decode_status(raw: object, node: str = "?") -> TopologyStatus:
         for i, entry in enumerate(_list(doc.get("gpuHealth"), f"{where}.gpuHealth"))
     )
     mps = _object(doc.get("mps") or {}, f"{where}.mps")
+    interposer = _object(doc.get("interposer") or {}, f"{where}.interposer")
     return TopologyStatus(
         gpu_health=health,
         gpu_count=_int(doc.get("gpuCount", 0), f"{where}.gpuCount"),
         agent_version=_str(doc.get("agentVersion", ""), f"{where}.agentVersion"),
         mps_active=_bool(mps.get("active", False), f"{where}.mps.active"),
+        interposer_available=_bool(interposer.get("available", False), f"{where}.interposer.available"),
         cordon_problems=tuple(
             _str(p, f"{where}.cordonProblems[{i}]")
             for i, p in enumerate(_list(doc.get("cordonProblems"), f"{where}.cordonProblems"))
@@ -219,11 +223,17 @@ def as_published(
     *,
     unhealthy: frozenset[int] = frozenset(),
     mps_active: bool = False,
+    interposer_available: bool = False,
     resource_version: str = "",
 ) -> PublishedTopology:
     """A PublishedTopology for a node the caller describes directly (simulations, demos, tests)."""
     health = tuple(
         GpuHealthEntry(index=g.index, uuid=g.uuid, healthy=g.index not in unhealthy) for g in topology.gpus
     )
-    status = TopologyStatus(gpu_health=health, gpu_count=topology.gpu_count, mps_active=mps_active)
+    status = TopologyStatus(
+        gpu_health=health,
+        gpu_count=topology.gpu_count,
+        mps_active=mps_active,
+        interposer_available=interposer_available,
+    )
     return PublishedTopology(node, topology, content_hash(topology), status, resource_version)

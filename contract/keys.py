@@ -23,6 +23,10 @@ POLICY_ANNOTATION = "linkpack.io/policy"
 NEAR_NIC_ANNOTATION = "linkpack.io/near-nic"
 #: The least link bandwidth (GB/s) a multi-GPU pod accepts between its GPUs.
 MIN_LINK_ANNOTATION = "linkpack.io/min-link-gbps"
+#: high | normal | low: how a share's kernels yield to the other sharers of its GPU.
+COMPUTE_PRIORITY_ANNOTATION = "linkpack.io/compute-priority"
+#: "off": run a share without the CUDA interposer (reported as weaker, cooperative enforcement).
+INTERPOSER_ANNOTATION = "linkpack.io/interposer"
 
 # Node annotations.
 #: GPU UUIDs an operator keeps out of new placements, `contract.cordons`.

@@ -137,7 +137,10 @@ class Binder:
             grants=outcome.grants,
             generation=1,
             # decided once, from what the node publishes about itself, and recorded for the node
-            enforcement=enforcement_for(outcome.grants, node.mps_active),
+            enforcement=enforcement_for(
+                outcome.grants, node.mps_active, node.interposer_available, pod.interposer_opt_out
+            ),
+            priority=pod.priority,
             resources=pod.resources,
         )
         return LedgerEntry(pod.pod.uid, pod.pod.namespace, pod.pod.name, allocation, self._clock())

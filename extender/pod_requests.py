@@ -11,7 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from contract.keys import MIN_LINK_ANNOTATION, NEAR_NIC_ANNOTATION, POLICY_ANNOTATION
+from contract.allocation import ComputePriority
+from contract.keys import (
+    COMPUTE_PRIORITY_ANNOTATION,
+    INTERPOSER_ANNOTATION,
+    MIN_LINK_ANNOTATION,
+    NEAR_NIC_ANNOTATION,
+    POLICY_ANNOTATION,
+)
 from contract.pod_demand import PodSpecError, container_demands, effective_amounts
 from contract.pods import PodRef, pod_ref
 from extender.config import ExtenderConfig
@@ -26,6 +33,8 @@ class PodRequest:
     request: Request
     policy: Policy
     resources: tuple[tuple[str, int], ...]
+    priority: ComputePriority = ComputePriority.NORMAL
+    interposer_opt_out: bool = False  # annotation linkpack.io/interposer: "off"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +74,35 @@ def read_pod_request(pod: Mapping[str, Any], config: ExtenderConfig) -> PodReque
     request = _request_from(amounts, annotations.get(NEAR_NIC_ANNOTATION), config)
     if isinstance(request, str):
         return RequestError(ref, request)
-    return PodRequest(ref, request, policy, tuple(sorted(amounts.items())))
+    priority = compute_priority(annotations.get(COMPUTE_PRIORITY_ANNOTATION), spec.get("priority"))
+    if priority is None:
+        return RequestError(
+            ref,
+            f"{COMPUTE_PRIORITY_ANNOTATION} {annotations.get(COMPUTE_PRIORITY_ANNOTATION)!r}: expected high, normal or low",
+        )
+    opt_out = annotations.get(INTERPOSER_ANNOTATION, "").strip().lower()
+    if opt_out not in ("", "on", "off"):
+        return RequestError(ref, f"{INTERPOSER_ANNOTATION} {opt_out!r}: expected on or off")
+    return PodRequest(ref, request, policy, tuple(sorted(amounts.items())), priority, opt_out == "off")
+
+
+#: A PriorityClass value at or above this makes a share high priority; below zero, low.
+HIGH_PRIORITY_CLASS_VALUE = 1000
+
+
+def compute_priority(annotation: str | None, priority_class_value: object) -> ComputePriority | None:
+    """The annotation when given (None if it is not a level), else from the pod's PriorityClass value."""
+    if annotation is not None:
+        try:
+            return ComputePriority(annotation.strip().lower())
+        except ValueError:
+            return None
+    if isinstance(priority_class_value, int) and not isinstance(priority_class_value, bool):
+        if priority_class_value >= HIGH_PRIORITY_CLASS_VALUE:
+            return ComputePriority.HIGH
+        if priority_class_value < 0:
+            return ComputePriority.LOW
+    return ComputePriority.NORMAL
 
 
 def _request_from(amounts: dict[str, int], near_nic: str | None, config: ExtenderConfig) -> Request | str:

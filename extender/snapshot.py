@@ -71,6 +71,10 @@ class NodeEntry:
         return self.published is not None and self.published.status.mps_active
 
     @property
+    def interposer_available(self) -> bool:
+        return self.published is not None and self.published.status.interposer_available
+
+    @property
     def known(self) -> bool:
         """The node exists as a Node or has a GpuTopology."""
         return self.facts is not None or self.published is not None

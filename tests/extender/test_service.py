@@ -259,6 +259,56 @@ def test_the_enforcement_level_follows_what_the_node_publishes(config: ExtenderC
         annotations = cluster.read_pod("ml", name).manifest["metadata"]["annotations"]
         return decode_allocation(annotations[ALLOCATION_ANNOTATION]).enforcement
 
-    assert level("share-mps", "mps", units=20, memory=1024) is Enforcement.MPS
+    assert level("share-mps", "mps", units=20, memory=1024) is Enforcement.HARD_MPS
     assert level("share-plain", "plain", units=20, memory=1024) is Enforcement.COOPERATIVE
     assert level("whole", "mps", gpus=1) is Enforcement.NONE
+
+
+def test_shares_get_the_interposer_where_the_node_ships_it_unless_they_opt_out(
+    config: ExtenderConfig,
+) -> None:
+    """A node that publishes interposer.available gets share pods recorded as interposer-enforced;
+    a pod annotated linkpack.io/interposer: off is recorded as cooperative, truthfully weaker."""
+    from contract.allocation import Enforcement
+    from contract.gpu_topology import as_published
+    from extender.snapshot import NodeFacts
+
+    cluster = InMemoryCluster(config)
+    cluster.add_node(NodeFacts("held"), as_published("held", hgx_h100("h"), interposer_available=True))
+    service = ExtenderService(config, cluster)
+    cluster.run_watches(handlers_for(service), lambda: True)
+
+    def level(pod: dict) -> Enforcement:
+        assert _bind(service, cluster, pod, "held") == ""
+        annotations = cluster.read_pod("ml", pod["metadata"]["name"]).manifest["metadata"]["annotations"]
+        return decode_allocation(annotations[ALLOCATION_ANNOTATION]).enforcement
+
+    assert level(gpu_pod("held-share", units=30, memory=2048)) is Enforcement.INTERPOSER
+    opted_out = gpu_pod("free-share", units=30, memory=2048)
+    opted_out["metadata"]["annotations"]["linkpack.io/interposer"] = "off"
+    assert level(opted_out) is Enforcement.COOPERATIVE
+
+
+def test_compute_priority_comes_from_the_annotation_or_the_priority_class(
+    service: ExtenderService, cluster: InMemoryCluster
+) -> None:
+    """The allocation records the share's compute priority: the annotation wins, else a high
+    PriorityClass value makes it high; a bad annotation is refused with its value."""
+    from contract.allocation import ComputePriority
+
+    def priority(pod: dict) -> ComputePriority:
+        assert _bind(service, cluster, pod, "nv-node") == ""
+        annotations = cluster.read_pod("ml", pod["metadata"]["name"]).manifest["metadata"]["annotations"]
+        return decode_allocation(annotations[ALLOCATION_ANNOTATION]).priority
+
+    low = gpu_pod("batch", units=10, memory=1024)
+    low["metadata"]["annotations"]["linkpack.io/compute-priority"] = "low"
+    assert priority(low) is ComputePriority.LOW
+    serving = gpu_pod("serving", units=10, memory=1024)
+    serving["spec"]["priority"] = 100000
+    assert priority(serving) is ComputePriority.HIGH
+    assert priority(gpu_pod("plain", units=10, memory=1024)) is ComputePriority.NORMAL
+    bad = gpu_pod("bad", units=10, memory=1024)
+    bad["metadata"]["annotations"]["linkpack.io/compute-priority"] = "urgent"
+    result = service.filter(filter_args(bad, ["nv-node"]))
+    assert "linkpack.io/compute-priority 'urgent'" in result["FailedAndUnresolvableNodes"]["nv-node"]
