@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from contract.keys import DEFAULT_NAMESPACE, DEFAULT_SCHEDULER_NAME
@@ -34,9 +34,9 @@ class ExtenderConfig:
     resync_period_s: float = 300.0
     policies: Mapping[str, Policy] = field(
         default_factory=lambda: {
-            PolicyName.BALANCED.value: Policy(PolicyName.BALANCED, 1.0, 1.0, 1.0),
-            PolicyName.BINPACK.value: Policy(PolicyName.BINPACK, 1.0, 1.0, 2.0),
-            PolicyName.SPREAD.value: Policy(PolicyName.SPREAD, 1.0, 0.5, 1.0),
+            PolicyName.BALANCED.value: Policy(PolicyName.BALANCED.value, 1.0, 1.0, 1.0),
+            PolicyName.BINPACK.value: Policy(PolicyName.BINPACK.value, 1.0, 1.0, 2.0),
+            PolicyName.SPREAD.value: Policy(PolicyName.SPREAD.value, 1.0, 0.5, 1.0, spread=True),
         }
     )
     default_policy: str = PolicyName.BALANCED.value
@@ -125,7 +125,9 @@ def _weights(env: Mapping[str, str], defaults: ExtenderConfig) -> dict[str, Poli
             ) from exc
         if min(link, frag, pack) < 0:
             raise ConfigError(f"{key}={env[key]!r}: weights must not be negative")
-        policies[name] = Policy(policy.name, link, frag, pack, policy.min_bottleneck_gbps)
+        policies[name] = replace(
+            policy, weight_link_quality=link, weight_fragmentation=frag, weight_packing=pack
+        )
     return policies
 
 

@@ -7,7 +7,7 @@ functions; the same check proves, in tests, that what the API holds never exceed
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from topology.model import NodeTopology
 from topology.workload import GpuGrant, GpuUsage, NodeState
@@ -28,6 +28,7 @@ def accumulate(
     whole = [0] * topology.gpu_count
     memory = [0] * topology.gpu_count
     units = [0] * topology.gpu_count
+    sharers = [0] * topology.gpu_count
     migs: list[set[str]] = [set() for _ in topology.gpus]
     problems: list[Overcommit] = []
     for grant in grants:
@@ -44,6 +45,7 @@ def accumulate(
         else:
             memory[i] += grant.memory_mib
             units[i] += grant.units
+            sharers[i] += 1
     usage = []
     for i, gpu in enumerate(topology.gpus):
         shared = memory[i] > 0 or units[i] > 0 or bool(migs[i])
@@ -59,6 +61,7 @@ def accumulate(
                 memory_used_mib=memory[i],
                 units_used=units[i],
                 mig_used=frozenset(migs[i]),
+                sharers=sharers[i],
             )
         )
     return tuple(usage), tuple(problems)
@@ -75,8 +78,7 @@ def node_state_from_grants(
     """A node's state from its topology, its recorded grants and its health and cordons."""
     usage, problems = accumulate(topology, grants, units_per_gpu)
     marked = tuple(
-        GpuUsage(u.whole, u.memory_used_mib, u.units_used, u.mig_used, i not in unhealthy, i in cordoned)
-        for i, u in enumerate(usage)
+        replace(u, healthy=i not in unhealthy, cordoned=i in cordoned) for i, u in enumerate(usage)
     )
     return NodeState(name, topology, marked, units_per_gpu), problems
 
@@ -93,5 +95,6 @@ def with_grants(node: NodeState, grants: Iterable[GpuGrant]) -> NodeState:
             mig_used=u.mig_used | ({g.mig_uuid} if g.mig_uuid else set()),
             healthy=u.healthy,
             cordoned=u.cordoned,
+            sharers=u.sharers + (0 if g.whole or g.mig_uuid else 1),
         )
     return NodeState(node.name, node.topology, tuple(usage), node.units_per_gpu)

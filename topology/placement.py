@@ -10,11 +10,20 @@ Everything here is a pure function of immutable snapshots; ties break determinis
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from topology import fragmentation as fgd
-from topology.gpu_sets import BANDWIDTH_SCALE, SetKey, best_set, link_table, nic_closeness, set_key
+from topology.gpu_sets import (
+    BANDWIDTH_SCALE,
+    BestSet,
+    LinkTable,
+    SetKey,
+    best_set,
+    link_table,
+    nic_closeness,
+    set_key,
+)
 from topology.model import LinkKind, MigMode, NodeTopology
 from topology.share_placement import place_share, shares_allowed
 from topology.workload import (
@@ -37,13 +46,34 @@ _PIX_RANK = LinkKind.PIX.pcie_rank  # a NIC behind the same PCIe switch counts a
 
 def place(node: NodeState, request: Request, policy: Policy = DEFAULT_POLICY) -> Placement | Misfit:
     """Place `request` on `node`, or say why it does not fit."""
+    refused = policy_misfit(node, policy)
+    if refused is not None:
+        return refused
     if isinstance(request, WholeGpus):
         return place_whole_gpus(node, request, policy)
     if isinstance(request, GpuShare):
-        return place_share(node, request)
+        return place_share(node, request, max_sharers=policy.max_sharers_per_gpu)
     if isinstance(request, MigSlice):
         return place_mig_slice(node, request)
     raise TypeError(f"unknown request type {type(request).__name__}")
+
+
+def policy_misfit(node: NodeState, policy: Policy) -> Misfit | None:
+    """Why a node can never serve pods of this policy (GPU model, NVSwitch), or None."""
+    topology = node.topology
+    if policy.allowed_models:
+        models = sorted({g.model for g in topology.gpus})
+        allowed = {m.lower() for m in policy.allowed_models}
+        if not models or any(m.lower() not in allowed for m in models):
+            return Misfit(
+                MisfitReason.MODEL_NOT_ALLOWED,
+                False,
+                f"{', '.join(models) or 'unknown model'} not in policy {policy.name}'s "
+                f"{', '.join(policy.allowed_models)}",
+            )
+    if policy.require_nvswitch and not topology.nvswitch:
+        return Misfit(MisfitReason.NO_NVSWITCH, False, f"policy {policy.name}")
+    return None
 
 
 # ----------------------------------------------------------------------------- whole GPUs
@@ -82,7 +112,13 @@ def place_whole_gpus(
         )
         return Misfit(MisfitReason.TOO_FEW_FREE_GPUS, True, detail)
     table = link_table(topology)
-    found = best_set(table, free, k, nic_ranks)
+    if policy.require_same_numa and k >= 2:
+        within = _best_within_one_numa_node(table, node, free, eligible, k, nic_ranks)
+        if isinstance(within, Misfit):
+            return within
+        found: BestSet | None = within
+    else:
+        found = best_set(table, free, k, nic_ranks)
     assert found is not None
     threshold = round(policy.min_bottleneck_gbps * BANDWIDTH_SCALE)
     if k >= 2 and found.key.ring < threshold:
@@ -98,6 +134,39 @@ def place_whole_gpus(
         found.key, len(found.gpus), nic_ranks is not None, _fragmentation_delta(node, found.gpus)
     )
     return Placement(node.name, found.gpus, grants, score)
+
+
+def _best_within_one_numa_node(
+    table: LinkTable,
+    node: NodeState,
+    free: Sequence[int],
+    eligible: Sequence[int],
+    k: int,
+    nic_ranks: Sequence[int] | None,
+) -> BestSet | Misfit:
+    """The best free set inside a single NUMA node (GPUs of unknown NUMA node are left out)."""
+    gpus = node.topology.gpus
+    groups = sorted({numa for i in eligible if (numa := gpus[i].numa_node) is not None})
+    best: BestSet | None = None
+    for numa in groups:
+        found = best_set(table, [i for i in free if gpus[i].numa_node == numa], k, nic_ranks)
+        if found is not None and (best is None or _key_tuple(found.key) > _key_tuple(best.key)):
+            best = found
+    if best is not None:
+        return best
+    possible = any(sum(1 for i in eligible if gpus[i].numa_node == numa) >= k for numa in groups)
+    return Misfit(MisfitReason.NO_SAME_NUMA_SET, possible, f"{k} GPUs in one NUMA node")
+
+
+def _key_tuple(key: SetKey) -> tuple[int, ...]:
+    return (
+        key.ring,
+        key.pair_total,
+        key.nic_rank_sum,
+        key.negative_numa_nodes,
+        key.leftover_ring,
+        key.leftover_pairs,
+    )
 
 
 def set_quality(

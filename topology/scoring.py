@@ -197,7 +197,7 @@ def fragmentation_term(delta_milli: float) -> float:
 
 def packing_term(util_before: float, util_after: float, policy: Policy) -> float:
     """1 - PACKING_SPREAD .. 1, higher is better: fuller after the placement (emptier under spread)."""
-    fullness = 1.0 - util_after if policy.name is PolicyName.SPREAD else util_after
+    fullness = 1.0 - util_after if policy.spread or policy.name == PolicyName.SPREAD.value else util_after
     return 1.0 - PACKING_SPREAD + PACKING_SPREAD * fullness
 
 

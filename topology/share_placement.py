@@ -43,12 +43,17 @@ def place_share(
     node: NodeState,
     request: GpuShare,
     workload: fgd.Workload = fgd.DEFAULT_WORKLOAD,
+    max_sharers: int = 0,
 ) -> Placement | Misfit:
-    """One GPU for `request`, or why none fits (see the module docstring for the choice)."""
+    """One GPU for `request`, or why none fits (see the module docstring for the choice).
+    `max_sharers` > 0 leaves out GPUs that already hold that many shares."""
     misfit = _share_misfit(node, request)
     if misfit is not None:
         return misfit
-    fits = [i for i in _candidates(node) if _fits(node, i, request)]
+    room = [i for i in _candidates(node) if _fits(node, i, request)]
+    fits = [i for i in room if max_sharers <= 0 or node.usage[i].sharers < max_sharers]
+    if room and not fits:
+        return Misfit(MisfitReason.SHARERS_LIMIT, True, f"{max_sharers} sharers per GPU")
     if not fits:
         return _classify_shortage(node, request)
     free_milli = [fgd.gpu_free_milli(node, i) for i in range(node.topology.gpu_count)]
@@ -151,6 +156,7 @@ def _with_share(node: NodeState, index: int, request: GpuShare) -> NodeState:
         current,
         memory_used_mib=current.memory_used_mib + request.memory_mib,
         units_used=current.units_used + request.units,
+        sharers=current.sharers + 1,
     )
     return NodeState(node.name, node.topology, tuple(usage), node.units_per_gpu)
 

@@ -57,6 +57,7 @@ class GpuUsage:
     mig_used: frozenset[str] = frozenset()  # MIG device UUIDs handed out
     healthy: bool = True
     cordoned: bool = False
+    sharers: int = 0  # share grants held on it (pods sharing it)
 
     @property
     def usable(self) -> bool:
@@ -126,6 +127,10 @@ class MisfitReason(StrEnum):
     MIG_PROFILE_EXHAUSTED = "every MIG instance of that profile is taken"
     NIC_NOT_FOUND = "the node has no NIC of that name"
     INVALID_REQUEST = "the request is not valid"
+    MODEL_NOT_ALLOWED = "the policy does not allow this node's GPU model"
+    NO_NVSWITCH = "the policy requires NVSwitch and the node has none"
+    NO_SAME_NUMA_SET = "no free GPU set within one NUMA node"
+    SHARERS_LIMIT = "every GPU with room already has the policy's maximum number of sharers"
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,13 +201,24 @@ class PolicyName(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """How to weigh the terms when choosing a node (prioritize) and a share GPU.
+    """How to weigh the terms when choosing a node (prioritize) and a share GPU, and what a
+    placement must satisfy at all.
 
-    `min_bottleneck_gbps` makes a multi-GPU request fail when no free set reaches that rate.
+    - `min_bottleneck_gbps`: a multi-GPU request fails when no free set reaches that rate;
+    - `require_nvswitch`: only nodes with NVSwitch;
+    - `require_same_numa`: a multi-GPU set must sit in one NUMA node;
+    - `allowed_models`: only nodes whose GPUs are one of these models (empty: any);
+    - `max_sharers_per_gpu`: a share goes only to a GPU with fewer sharers (0: no limit);
+    - `spread`: prefer emptier nodes instead of fuller ones (the packing term inverted).
     """
 
-    name: PolicyName = PolicyName.BALANCED
+    name: str = PolicyName.BALANCED.value
     weight_link_quality: float = 1.0
     weight_fragmentation: float = 1.0
     weight_packing: float = 1.0
     min_bottleneck_gbps: float = 0.0
+    require_nvswitch: bool = False
+    require_same_numa: bool = False
+    allowed_models: tuple[str, ...] = ()
+    max_sharers_per_gpu: int = 0
+    spread: bool = False

@@ -25,13 +25,17 @@ from topology.workload import GpuShare, MigSlice, MisfitReason, Placement, Polic
 
 def policy_doc(policy: Policy) -> Doc:
     return {
-        "name": policy.name.value,
+        "name": policy.name,
         "weights": {
             "linkQuality": policy.weight_link_quality,
             "fragmentation": policy.weight_fragmentation,
             "packing": policy.weight_packing,
         },
         "minBottleneckGbps": policy.min_bottleneck_gbps,
+        "requireNvswitch": policy.require_nvswitch,
+        "requireSameNuma": policy.require_same_numa,
+        "allowedGpuModels": list(policy.allowed_models),
+        "maxSharersPerGpu": policy.max_sharers_per_gpu,
     }
 
 
