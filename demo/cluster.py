@@ -14,8 +14,8 @@ from extender.config import ExtenderConfig
 from extender.in_memory_cluster import InMemoryCluster
 from extender.snapshot import NodeFacts
 from extender.translate import read_gpu_topology
-from node_agent.discovery import discover
-from node_agent.nvml_simulated import SimulatedNvml, simulated_uuid
+from node_agent.sources.discovery import discover
+from node_agent.sources.nvml_simulated import SimulatedNvml, simulated_uuid
 from topology.catalog import load_machine
 from topology.codec import encode_topology
 

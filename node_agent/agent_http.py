@@ -2,9 +2,11 @@
 
 - GET /metrics: Prometheus exposition of `AgentMetrics`;
 - GET /healthz: 200 "ok" while the agent loop polls, 503 "stalled" otherwise;
-- GET /debug/state: the discovered topology, its sources and warnings, and GPU health (JSON);
+- GET /debug/state: the discovered topology, its sources and warnings, and the status (JSON);
 - POST /debug/inject (simulate mode only, 404 otherwise): one JSON fault command applied to
   the simulated NVML, e.g. `{"gpu": 3, "xid": 79}`; a bad command gets 400 with the help text.
+
+It knows the agent only as an `AgentView`, so it depends on nothing above it.
 """
 
 from __future__ import annotations
@@ -13,17 +15,32 @@ import json
 import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from node_agent.nvml_simulated import FAULT_COMMAND_HELP, FaultCommandError, SimulatedNvml
-
-if TYPE_CHECKING:
-    from node_agent.app import Agent
+from node_agent.metrics import AgentMetrics
+from node_agent.sources.nvml_simulated import FAULT_COMMAND_HELP, FaultCommandError, SimulatedNvml
 
 log = logging.getLogger("node_agent.http")
 
 
-def serve_http(agent: Agent, simulated: SimulatedNvml | None, host: str, port: int) -> ThreadingHTTPServer:
+class AgentView(Protocol):
+    """What the endpoints read from the agent."""
+
+    @property
+    def metrics(self) -> AgentMetrics: ...
+
+    def stalled(self) -> bool:
+        """The agent loop has not polled for a while."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """The discovered topology, its sources and warnings, and the status (JSON-ready)."""
+        ...
+
+
+def serve_http(
+    agent: AgentView, simulated: SimulatedNvml | None, host: str, port: int
+) -> ThreadingHTTPServer:
     """Start the metrics / health / debug server on a daemon thread."""
 
     class Handler(BaseHTTPRequestHandler):

@@ -1,4 +1,9 @@
-"""Command line and environment of the node agent, as one frozen `AgentConfig`."""
+"""Command line and environment of the node agent, as one frozen `AgentConfig`.
+
+Imports nothing heavy (no gRPC, no Kubernetes client), so `--help` works anywhere. The extended
+resource names and the share units per GPU come from the same `LINKPACK_RESOURCE_*` /
+`LINKPACK_UNITS_PER_GPU` variables the extender reads (`contract.resources`), read once here.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,14 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from node_agent.deviceplugin.server import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
+from contract.resources import (
+    DEFAULT_UNITS_PER_GPU,
+    ResourceConfigError,
+    ResourceNames,
+    units_per_gpu_from_env,
+)
+from node_agent.deviceplugin.paths import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
 from node_agent.health import Severity
-from topology.workload import DEFAULT_UNITS_PER_GPU
 
 DEFAULT_METRICS_PORT = 9402
 DEFAULT_SHIM_HOST_DIR = "/var/lib/linkpack/shim"
@@ -48,7 +58,8 @@ class AgentConfig:
     pod_resources_socket: str | None = DEFAULT_POD_RESOURCES_SOCKET  # None: no check against it
     units_per_gpu: int = DEFAULT_UNITS_PER_GPU
     shim_host_dir: str | None = DEFAULT_SHIM_HOST_DIR  # None: shares get no framework shim
-    mps_pipe_dir: str | None = None  # the MPS control daemon's pipe directory, when one runs
+    mps_pipe_dir: str | None = None  # the MPS control daemon's pipe directory (`node_agent.mps`)
+    resources: ResourceNames = field(default_factory=ResourceNames)  # names pods ask for GPUs by
 
     @property
     def simulated(self) -> bool:
@@ -64,6 +75,13 @@ def agent_version() -> str:
 
 def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> AgentConfig:
     env = os.environ if env is None else env
+    try:
+        resources = ResourceNames.from_env(env)
+        units_default = units_per_gpu_from_env(env)
+    except ResourceConfigError as exc:
+        resources, units_default, bad_env = ResourceNames(), DEFAULT_UNITS_PER_GPU, str(exc)
+    else:
+        bad_env = ""
     p = argparse.ArgumentParser(
         prog="python -m node_agent",
         description="Linkpack node agent: GPU discovery, topology publishing, health, metrics.",
@@ -118,14 +136,18 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
                     help="the kubelet's device-plugin directory (kubelet.sock and our sockets)")  # fmt: skip
     dp.add_argument("--pod-resources-socket", default=DEFAULT_POD_RESOURCES_SOCKET,
                     help="the kubelet's pod-resources socket, to check handouts against; '' skips")  # fmt: skip
-    dp.add_argument("--units-per-gpu", type=_positive_int, default=DEFAULT_UNITS_PER_GPU,
-                    help="share units each GPU is divided into (must match the extender's)")  # fmt: skip
+    dp.add_argument("--units-per-gpu", type=_positive_int, default=units_default,
+                    help="share units each GPU is divided into (must match the extender's; "
+                    "default: $LINKPACK_UNITS_PER_GPU, else 100)")  # fmt: skip
     dp.add_argument("--shim-host-dir", default=DEFAULT_SHIM_HOST_DIR,
                     help="host directory the framework shim is copied to and mounted from into "
                     "containers given a share (the same path inside the agent's container); '' skips")  # fmt: skip
     dp.add_argument("--mps-pipe-dir", default=None,
-                    help="pipe directory of the node's CUDA MPS control daemon, when one runs")  # fmt: skip
+                    help="pipe directory of the node's CUDA MPS control daemon; while it exists the "
+                    "node publishes mps.active and shares recorded as MPS get the MPS client limits")  # fmt: skip
     a = p.parse_args(argv)
+    if bad_env:
+        p.error(bad_env)
     node = a.node_name or (_simulated_node_name(a.simulate) if a.simulate else socket.gethostname())
     use_kube = not a.no_kube and not a.print_discovery
     return AgentConfig(
@@ -157,6 +179,7 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         units_per_gpu=a.units_per_gpu,
         shim_host_dir=a.shim_host_dir or None,
         mps_pipe_dir=a.mps_pipe_dir or None,
+        resources=resources,
     )
 
 

@@ -11,20 +11,28 @@ Policy, following the actions of NVIDIA's XID catalog rather than "any XID is fa
   the recovery path existing device plugins lack (they need a restart).
 - FATAL takes the GPU out of service for good by default (`fatal_recheck_after_s=None`):
   fallen off the bus, row-remap failure. A node reboot (agent restart) clears it.
+
+The reason shown for an unhealthy GPU names its root cause. A GPU that stops answering NVML
+is a symptom (`Fault.symptom`): after XID 79 every later poll finds the GPU unreadable, and
+that must not replace "XID 79" with "GPU lost". So a symptom never replaces the reason of a
+cause, a cause replaces a symptom's reason (the event may be handled after the poll that
+noticed the silence), and between faults of one kind the first of the worst severity stays.
+The severity is always the worst seen.
+
+Which GPUs are cordoned comes from the node annotation, read by `contract.cordons`; the
+tracker only records it beside the health.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
 
-from node_agent.nvml_reader import EccCounts, EventKind, XidEvent
-
-CORDON_ANNOTATION = "linkpack.io/cordoned-gpus"
+from contract.cordons import canonical_gpu_uuid
+from node_agent.sources.nvml_reader import EccCounts, EventKind, XidEvent
 
 
 class Severity(StrEnum):
@@ -117,11 +125,15 @@ class EccThresholds:
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """Something wrong with one GPU, with how bad it is and why."""
+    """Something wrong with one GPU, with how bad it is and why.
+
+    `symptom` is set for a GPU that does not answer NVML: a consequence of some cause (an XID,
+    a lost bus) rather than a cause of its own."""
 
     severity: Severity
     reason: str
     xid: int | None = None
+    symptom: bool = False
 
 
 def event_fault(event: XidEvent, overrides: Mapping[int, Severity] | None = None) -> Fault:
@@ -152,9 +164,10 @@ def ecc_fault(counts: EccCounts, limits: EccThresholds) -> Fault | None:
 
 
 def unreadable_fault(detail: str, gpu_lost: bool) -> Fault:
+    """The GPU did not answer NVML (a symptom: see the module docstring)."""
     if gpu_lost:
-        return Fault(Severity.FATAL, f"GPU lost: {detail}")
-    return Fault(Severity.NEEDS_RESET, f"GPU unreadable: {detail}")
+        return Fault(Severity.FATAL, f"GPU lost: {detail}", symptom=True)
+    return Fault(Severity.NEEDS_RESET, f"GPU unreadable: {detail}", symptom=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +193,7 @@ class GpuHealth:
     severity: Severity | None = None
     cordoned: bool = False
     next_recheck: float | None = None
+    reason_is_symptom: bool = False  # the reason is a symptom's; a cause may still replace it
 
     @property
     def usable(self) -> bool:
@@ -238,17 +252,19 @@ class HealthTracker:
                 since=now,
                 severity=fault.severity,
                 next_recheck=next_recheck,
+                reason_is_symptom=fault.symptom,
             )
         else:
-            worse = cur.severity is None or fault.severity.rank >= cur.severity.rank
-            severity = fault.severity if worse else cur.severity
-            assert severity is not None
+            assert cur.severity is not None
+            severity = fault.severity if fault.severity.rank > cur.severity.rank else cur.severity
             delay = self.policy.recheck_delay(severity)
+            takes_reason = _replaces_reason(cur, fault)
             new = replace(
                 cur,
-                reason=fault.reason if worse else cur.reason,
+                reason=fault.reason if takes_reason else cur.reason,
                 severity=severity,
                 next_recheck=now + delay if delay is not None else None,
+                reason_is_symptom=fault.symptom if takes_reason else cur.reason_is_symptom,
             )
         return self._commit(cur, new)
 
@@ -284,6 +300,7 @@ class HealthTracker:
                 since=now,
                 severity=None,
                 next_recheck=None,
+                reason_is_symptom=False,
             )
             return self._commit(cur, new)
         assert cur.severity is not None
@@ -292,11 +309,12 @@ class HealthTracker:
         return None
 
     def set_cordoned(self, uuids: Iterable[str]) -> tuple[HealthChange, ...]:
-        """Mark exactly these GPUs (by UUID) cordoned; returns the GPUs whose cordon changed."""
-        wanted = frozenset(u.lower() for u in uuids)
+        """Mark exactly these GPUs (by UUID, in any letter case) cordoned; returns the GPUs whose
+        cordon changed."""
+        wanted = frozenset(canonical_gpu_uuid(u) for u in uuids)
         changes = []
         for cur in self.snapshot():
-            cordoned = cur.uuid.lower() in wanted
+            cordoned = canonical_gpu_uuid(cur.uuid) in wanted
             if cordoned != cur.cordoned:
                 change = self._commit(cur, replace(cur, cordoned=cordoned))
                 if change is not None:
@@ -314,43 +332,10 @@ class HealthTracker:
         return HealthChange(cur, new) if visible else None
 
 
-# ----------------------------------------------------------------------------- cordon annotation
-
-_GPU_UUID_RE = re.compile(
-    r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.IGNORECASE
-)
-
-
-class CordonError(ValueError):
-    """The cordon annotation is malformed; the message names the entry and what is expected."""
-
-
-def parse_cordon_annotation(value: str | None) -> frozenset[str]:
-    """`"GPU-uuid1,GPU-uuid2"` -> the set of UUIDs (lower-case hex). Empty or absent -> none."""
-    if value is None or not value.strip():
-        return frozenset()
-    uuids: set[str] = set()
-    for position, raw in enumerate(value.split(","), start=1):
-        entry = raw.strip()
-        where = f"{CORDON_ANNOTATION}: entry {position}"
-        if not entry:
-            raise CordonError(f"{where} is empty (two commas in a row, or a trailing comma?)")
-        if entry.upper().startswith("MIG-"):
-            raise CordonError(f"{where} {entry!r} is a MIG instance; cordon its parent GPU instead")
-        if not _GPU_UUID_RE.match(entry):
-            raise CordonError(
-                f"{where} {entry!r} is not a GPU UUID; expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx "
-                "as printed by `nvidia-smi -L`"
-            )
-        uuids.add("GPU-" + entry[4:].lower())
-    return frozenset(uuids)
-
-
-def format_cordon_annotation(uuids: Iterable[str]) -> str:
-    return ",".join(sorted(set(uuids)))
-
-
-def unknown_cordoned(cordoned: Iterable[str], known_uuids: Iterable[str]) -> tuple[str, ...]:
-    """Cordoned UUIDs that are not GPUs of this node (typos, or a GPU that was replaced)."""
-    known = {u.lower() for u in known_uuids}
-    return tuple(sorted(u for u in cordoned if u.lower() not in known))
+def _replaces_reason(cur: GpuHealth, fault: Fault) -> bool:
+    """Whether a new fault's reason replaces the reason of an unhealthy GPU: a cause beats a
+    symptom, a symptom never beats a cause, and otherwise only a strictly worse fault does."""
+    assert cur.severity is not None
+    if fault.symptom != cur.reason_is_symptom:
+        return not fault.symptom
+    return fault.severity.rank > cur.severity.rank

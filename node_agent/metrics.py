@@ -1,19 +1,20 @@
 """Prometheus metrics of the node agent (the only node_agent module importing prometheus_client).
 
 Each agent owns a `CollectorRegistry`, so tests (and several agents in one process) never
-share series. `render()` gives the exposition text for the agent's own /metrics endpoint.
+share series. `render()` gives the exposition text for the agent's own /metrics endpoint. The
+device plugins' counts arrive as plain numbers (`DevicePluginStats`), so this module depends on
+nothing but the health types.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from node_agent.deviceplugin.broker import BrokerCounters
 from node_agent.health import GpuHealth, Severity
 
 
@@ -41,7 +42,14 @@ class PodGpuMemory:
 class DevicePluginStats:
     """The device plugins' own counts, read at scrape time."""
 
-    counters: BrokerCounters = field(default_factory=BrokerCounters)
+    allocations: int = 0
+    refusals: int = 0
+    id_mismatches: int = 0  # the kubelet passed other devices than the record's
+    enforcement_disagreements: int = 0  # the node could not apply the record's enforcement
+    swaps: int = 0
+    unresolved: int = 0
+    adopted: int = 0
+    write_failures: int = 0
     resources: int = 0  # plugin servers running (one per resource)
     registrations: int = 0  # successful registrations with the kubelet
 
@@ -53,8 +61,7 @@ class _DevicePluginCollector(Collector):
         self.source: Callable[[], DevicePluginStats | None] = lambda: None
 
     def collect(self) -> Iterator[Metric]:
-        stats = self.source() or DevicePluginStats()
-        c = stats.counters
+        c = self.source() or DevicePluginStats()
         allocations = CounterMetricFamily(
             "linkpack_agent_allocations",
             "Allocate requests of the kubelet, by result (granted from a record, or refused)",
@@ -65,8 +72,8 @@ class _DevicePluginCollector(Collector):
         yield allocations
         mismatches = CounterMetricFamily(
             "linkpack_agent_allocation_mismatches",
-            "Grants where the kubelet's devices (device_ids) or the node's enforcement (enforcement) "
-            "disagreed with the allocation record",
+            "Grants where the kubelet's devices (device_ids) disagreed with the allocation record, "
+            "or the node could not apply its enforcement (enforcement)",
             labels=["kind"],
         )
         mismatches.add_metric(["device_ids"], c.id_mismatches)
@@ -88,14 +95,14 @@ class _DevicePluginCollector(Collector):
             (
                 "linkpack_agent_device_plugin_registrations",
                 "Registrations of a device plugin with the kubelet",
-                stats.registrations,
+                c.registrations,
             ),
         ):
             yield CounterMetricFamily(name, help_text, value=value)
         yield GaugeMetricFamily(
             "linkpack_agent_device_plugin_resources",
             "Device-plugin resources served to the kubelet (0: device plugins off)",
-            value=stats.resources,
+            value=c.resources,
         )
 
 

@@ -11,7 +11,8 @@ topology and keeps them in step with it:
 - the allocation counters carry over restarts and are read by the metrics at scrape time.
 
 `install_shim` copies the framework shim (node_agent/shim) to the host directory the plugin
-mounts into containers given a GPU share.
+mounts into containers given a GPU share; `prepare_shim` does so for the agent, leaving the
+shim out (logged) when the directory cannot be written.
 """
 
 from __future__ import annotations
@@ -25,15 +26,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract.resources import DEFAULT_UNITS_PER_GPU, ResourceNames
 from node_agent.deviceplugin.broker import AllocationBroker, BrokerCounters
 from node_agent.deviceplugin.container_spec import SharingConfig
 from node_agent.deviceplugin.inventory import Inventory
-from node_agent.deviceplugin.ledger import PodLedger
+from node_agent.deviceplugin.record_store import PodRecordStore
 from node_agent.deviceplugin.server import DeviceHealth, DevicePlugins, PluginConfig, start_device_plugins
 from node_agent.health import GpuHealth
 from node_agent.metrics import DevicePluginStats
 from topology.model import NodeTopology
-from topology.workload import DEFAULT_UNITS_PER_GPU
 
 log = logging.getLogger("node_agent.plugins")
 
@@ -66,6 +67,19 @@ def install_shim(target: str | Path) -> Path:
     return directory
 
 
+def prepare_shim(directory: str | None) -> str | None:
+    """Copy the framework shim to `directory` for the kubelet to mount; None (and containers
+    get no shim) when there is no directory or it cannot be written."""
+    if directory is None:
+        return None
+    try:
+        install_shim(directory)
+    except OSError as exc:
+        log.error("cannot install the framework shim in %s, shares go without it: %s", directory, exc)
+        return None
+    return directory
+
+
 def unavailable_devices(topology: NodeTopology, health: Iterable[GpuHealth]) -> frozenset[str]:
     """GPU UUIDs of unhealthy or cordoned GPUs, and the MIG UUIDs carved from those GPUs."""
     out = {h.uuid for h in health if not h.usable and h.uuid}
@@ -80,6 +94,7 @@ class DevicePluginSettings:
     plugin: PluginConfig = field(default_factory=PluginConfig)
     sharing: SharingConfig = field(default_factory=SharingConfig)
     units_per_gpu: int = DEFAULT_UNITS_PER_GPU
+    resources: ResourceNames = field(default_factory=ResourceNames)
 
 
 class DevicePluginHost:
@@ -89,11 +104,11 @@ class DevicePluginHost:
     def __init__(
         self,
         settings: DevicePluginSettings,
-        ledger: PodLedger,
+        store: PodRecordStore,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
-        self._ledger = ledger
+        self._store = store
         self._clock = clock
         self._lock = threading.Lock()
         self._health = DeviceHealth()
@@ -106,6 +121,11 @@ class DevicePluginHost:
     @property
     def plugins(self) -> DevicePlugins | None:
         return self._plugins
+
+    @property
+    def counters(self) -> BrokerCounters:
+        """The allocation counters, one set for the host's life (they carry over restarts)."""
+        return self._counters
 
     def start(self, topology: NodeTopology, health: Iterable[GpuHealth]) -> bool:
         """Serve this topology's devices; False (logged) when they cannot be served."""
@@ -135,18 +155,27 @@ class DevicePluginHost:
     def stats(self) -> DevicePluginStats:
         with self._lock:
             plugins = self._plugins
-            registrations = self._registrations + (plugins.registrations if plugins else 0)
+            c = self._counters
             return DevicePluginStats(
-                counters=self._counters,
+                allocations=c.allocations,
+                refusals=c.refusals,
+                id_mismatches=c.id_mismatches,
+                enforcement_disagreements=c.enforcement_disagreements,
+                swaps=c.swaps,
+                unresolved=c.unresolved,
+                adopted=c.adopted,
+                write_failures=c.write_failures,
                 resources=len(plugins.resources) if plugins else 0,
-                registrations=registrations,
+                registrations=self._registrations + (plugins.registrations if plugins else 0),
             )
 
     # ------------------------------------------------------------------ under the lock
 
     def _build_inventory(self, topology: NodeTopology) -> Inventory | None:
         try:
-            inventory = Inventory.from_topology(topology, self.settings.units_per_gpu)
+            inventory = Inventory.from_topology(
+                topology, self.settings.units_per_gpu, self.settings.resources
+            )
         except ValueError as exc:
             log.error("cannot offer this node's GPUs to the kubelet: %s", exc)
             return None
@@ -170,7 +199,7 @@ class DevicePluginHost:
         if not plugin_dir.is_dir():
             log.error("device plugins not started: %s is not a directory (is a kubelet here?)", plugin_dir)
             return False
-        broker = AllocationBroker(inventory, self._ledger, self.settings.sharing, clock=self._clock)
+        broker = AllocationBroker(inventory, self._store, self.settings.sharing, clock=self._clock)
         broker.counters = self._counters
         try:
             self._plugins = start_device_plugins(broker, self.settings.plugin, self._health)

@@ -21,10 +21,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.allocation import AllocationError, decode_allocation
+from contract.keys import ALLOCATION_ANNOTATION
 from node_agent.kube import PodInfo
 from node_agent.metrics import PodGpuMemory
-from node_agent.nvml_reader import NvmlError, NvmlReader
-from topology.allocation import ALLOCATION_ANNOTATION, AllocationError, decode_allocation
+from node_agent.sources.nvml_reader import NvmlError, NvmlReader
 
 _MIB = 1024 * 1024
 _HEX = "[0-9a-fA-F]"

@@ -48,9 +48,9 @@ timeout 120 $PY - >"$OUT/discovery.json" 2>"$OUT/discovery-stderr.txt" <<'EOF'
 import json
 import sys
 
-from node_agent.discovery import discover
-from node_agent.nvml_pynvml import PynvmlReader
-from node_agent.smi_runner import SmiError, run_topo_matrix
+from node_agent.sources.discovery import discover
+from node_agent.sources.nvml_pynvml import PynvmlReader
+from node_agent.sources.smi_runner import SmiError, run_topo_matrix
 from topology.codec import encode_topology
 
 try:

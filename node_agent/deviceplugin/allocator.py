@@ -17,16 +17,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from node_agent.deviceplugin.inventory import (
-    Inventory,
-    ResourceKind,
-    resource_kind,
-    share_unit_gpu,
-    share_unit_number,
-)
-from node_agent.deviceplugin.ledger import PodRef
+from contract.allocation import Consumption
+from contract.pods import PodRef
+from contract.resources import ResourceKind
+from node_agent.deviceplugin.inventory import Inventory, share_unit_gpu, share_unit_number
 from node_agent.deviceplugin.records import PodRecord, Slot, SlotKey
-from topology.allocation import Consumption
 from topology.workload import GpuGrant
 
 #: (pod uid, record generation)
@@ -34,8 +29,8 @@ RecordKey = tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)
-class Holding:
-    """A record's GPUs, reserved from its first handout until `holder` (the pod using them) is gone."""
+class RecordHold:
+    """A hold on a record's GPUs, from its first handout until `holder` (the pod using them) is gone."""
 
     record: RecordKey
     holder: PodRef
@@ -57,20 +52,20 @@ class Handout:
 @dataclass(frozen=True)
 class AllocatorState:
     handouts: tuple[Handout, ...] = ()
-    holdings: tuple[Holding, ...] = ()
+    holds: tuple[RecordHold, ...] = ()
 
     @cached_property
     def consumed(self) -> frozenset[SlotKey]:
         return frozenset(h.slot.key for h in self.handouts)
 
-    def holding(self, record: RecordKey) -> Holding | None:
-        return next((h for h in self.holdings if h.record == record), None)
+    def hold(self, record: RecordKey) -> RecordHold | None:
+        return next((h for h in self.holds if h.record == record), None)
 
 
 def capacity_conflict(
-    grants: Sequence[GpuGrant], record: RecordKey, holdings: Iterable[Holding], inventory: Inventory
+    grants: Sequence[GpuGrant], record: RecordKey, holds: Iterable[RecordHold], inventory: Inventory
 ) -> str | None:
-    """Why these grants cannot be handed out beside the other records' holdings (None: they can)."""
+    """Why these grants cannot be handed out beside the other records' holds (None: they can)."""
     whole: set[str] = set()
     migs: set[str] = set()
     mig_parents: set[str] = set()
@@ -107,7 +102,7 @@ def capacity_conflict(
             return f"GPU {g.uuid} has {free} share units free, not {g.units}"
         return None
 
-    for held in holdings:
+    for held in holds:
         if held.record != record:
             for g in held.grants:
                 take(g)  # what is already out counts whatever it says
@@ -120,9 +115,9 @@ def capacity_conflict(
 
 def servable(record: PodRecord, state: AllocatorState, inventory: Inventory) -> bool:
     key = (record.ref.uid, record.allocation.generation)
-    if state.holding(key) is not None:
+    if state.hold(key) is not None:
         return True
-    return capacity_conflict(record.allocation.grants, key, state.holdings, inventory) is None
+    return capacity_conflict(record.allocation.grants, key, state.holds, inventory) is None
 
 
 def next_slot(record: PodRecord, resource: str, state: AllocatorState) -> Slot | None:
@@ -151,7 +146,7 @@ def candidates(
 def ids_agree(slot: Slot, device_ids: Iterable[str]) -> bool:
     """Whether these kubelet device IDs are the slot's own devices."""
     ids = list(device_ids)
-    kind = resource_kind(slot.resource)
+    kind = slot.kind
     if kind is ResourceKind.WHOLE:
         return sorted(ids) == sorted(g.uuid for g in slot.grants)
     if kind is ResourceKind.MIG:
@@ -181,12 +176,12 @@ def fit_within_record(
     """Which of its pod's whole GPUs / MIG instances the container gets.
 
     The record is per pod; the kubelet decides which of the pod's devices each container gets
-    (from an init container's devices it hands on, in no set order). When the kubelet's IDs are
-    among the pod's granted devices not yet given to another app container, the container gets
-    exactly those, so its environment and the kubelet's account agree. Otherwise it gets its own
-    slice, or the first devices of the pod still free.
+    (from a plain init container's devices it hands on, in no set order). When the kubelet's IDs
+    are among the pod's granted devices not held by a sidecar or app container already served,
+    the container gets exactly those, so its environment and the kubelet's account agree.
+    Otherwise it gets its own slice, or the first devices of the pod still free.
     """
-    kind = resource_kind(slot.resource)
+    kind = slot.kind
     if kind not in (ResourceKind.WHOLE, ResourceKind.MIG):
         return slot
 
@@ -195,12 +190,11 @@ def fit_within_record(
 
     pool = list(dict.fromkeys(g for s in record.slots if s.resource == slot.resource for g in s.grants))
     taken: set[str] = set()
-    if not slot.init:
-        record_key = (record.ref.uid, record.allocation.generation)
-        for h in state.handouts:
-            same = (h.slot.pod.uid, h.slot.generation) == record_key and h.slot.resource == slot.resource
-            if same and not h.slot.init:
-                taken.update(device(g) for g in h.slot.grants)
+    record_key = (record.ref.uid, record.allocation.generation)
+    for h in state.handouts:
+        same = (h.slot.pod.uid, h.slot.generation) == record_key and h.slot.resource == slot.resource
+        if same and h.slot.keeps_devices:
+            taken.update(device(g) for g in h.slot.grants)
     free = [g for g in pool if device(g) not in taken]
     wanted = [g for g in free if device(g) in set(device_ids)]
     if len(wanted) == slot.amount:
@@ -241,7 +235,7 @@ def _pick_for_slot(
     slot: Slot, offered: Sequence[str], must_include: Sequence[str], size: int
 ) -> tuple[str, ...]:
     picked = list(dict.fromkeys(must_include))
-    kind = resource_kind(slot.resource)
+    kind = slot.kind
     if kind is ResourceKind.WHOLE:
         wanted = [g.uuid for g in slot.grants]
     elif kind is ResourceKind.MIG:
@@ -266,13 +260,13 @@ def consume(
         slot, slot.pod, tuple(sorted(device_ids, key=device_order)), now, ids_agree(slot, device_ids)
     )
     key = (record.ref.uid, record.allocation.generation)
-    holdings = state.holdings
-    if state.holding(key) is None:
-        holdings = (
-            *(h for h in holdings if h.record[0] != key[0]),
-            Holding(key, record.ref, record.allocation.grants, now),
+    holds = state.holds
+    if state.hold(key) is None:
+        holds = (
+            *(h for h in holds if h.record[0] != key[0]),
+            RecordHold(key, record.ref, record.allocation.grants, now),
         )
-    return AllocatorState((*state.handouts, handout), holdings)
+    return AllocatorState((*state.handouts, handout), holds)
 
 
 def consumption_of(state: AllocatorState, record: RecordKey) -> Consumption:
@@ -292,34 +286,36 @@ def release_departed(
     """Forget what pods no longer on the node held; a pod must be missing for `grace_s` after its
     handout first (so a listing that lags behind a fresh bind does not release it)."""
     alive = set(present)
-    holdings = tuple(h for h in state.holdings if h.holder.uid in alive or now - h.since < grace_s)
+    holds = tuple(h for h in state.holds if h.holder.uid in alive or now - h.since < grace_s)
     handouts = tuple(h for h in state.handouts if h.holder.uid in alive or now - h.at < grace_s)
-    if holdings == state.holdings and handouts == state.handouts:
+    if holds == state.holds and handouts == state.handouts:
         return state
-    return AllocatorState(handouts, holdings)
+    return AllocatorState(handouts, holds)
 
 
 def resync(records: Iterable[PodRecord], now: float) -> AllocatorState:
     """The state after an agent restart, rebuilt from the consumed annotations in the API."""
     handouts: list[Handout] = []
-    holdings: list[Holding] = []
+    holds: list[RecordHold] = []
     for record in records:
         consumed = [s for s in record.slots if s.container in record.consumed_in_api]
         if not consumed:
             continue
         for slot in consumed:
             handouts.append(Handout(slot, slot.pod, (), now, ids_agree=True))
-        holdings.append(
-            Holding((record.ref.uid, record.allocation.generation), record.ref, record.allocation.grants, now)
+        holds.append(
+            RecordHold(
+                (record.ref.uid, record.allocation.generation), record.ref, record.allocation.grants, now
+            )
         )
-    return AllocatorState(tuple(handouts), tuple(holdings))
+    return AllocatorState(tuple(handouts), tuple(holds))
 
 
 def rehold(state: AllocatorState, record: RecordKey, holder: PodRef) -> AllocatorState:
     """Say that another pod is the one using a record's GPUs (and its handouts)."""
-    holdings = tuple(replace(h, holder=holder) if h.record == record else h for h in state.holdings)
+    holds = tuple(replace(h, holder=holder) if h.record == record else h for h in state.holds)
     handouts = tuple(
         replace(h, holder=holder) if (h.slot.pod.uid, h.slot.generation) == record else h
         for h in state.handouts
     )
-    return AllocatorState(handouts, holdings)
+    return AllocatorState(handouts, holds)

@@ -1,8 +1,10 @@
 """The device plugin's memory between kubelet calls: what was handed out, and writing it back.
 
 `AllocationBroker` holds the allocator state under one lock; every decision is made by the pure
-functions in `allocator`, `records` and `reconcile`. Write-backs to the API (`PodLedger`)
-happen outside the lock and are retried on the next `reconcile()` when they fail.
+functions in `allocator`, `records`, `reconcile` and `container_spec`. Write-backs onto the pods
+(`PodRecordStore`) happen outside the lock and are retried on the next `reconcile()` when they
+fail. A container gets the enforcement its record says; when this node cannot apply it (MPS
+without a pipe directory) it is logged and counted in `enforcement_disagreements`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from contract.allocation import Allocation, Consumption
+from contract.pods import PodRef
 from node_agent.deviceplugin.allocator import (
     AllocatorState,
     RecordKey,
@@ -27,10 +31,10 @@ from node_agent.deviceplugin.allocator import (
 )
 from node_agent.deviceplugin.container_spec import ContainerSpec, SharingConfig, container_spec
 from node_agent.deviceplugin.inventory import Inventory
-from node_agent.deviceplugin.ledger import BoundPod, LedgerError, PodLedger, PodRef
 from node_agent.deviceplugin.reconcile import KubeletAssignment, Reconciliation, Rewrite, reconcile
+from node_agent.deviceplugin.record_store import BoundPod, PodRecordStore, RecordStoreError
 from node_agent.deviceplugin.records import PodRecord, RecordProblem, read_records
-from topology.allocation import Allocation, Consumption
+from node_agent.mps import mps_active
 
 log = logging.getLogger("linkpack.deviceplugin")
 
@@ -44,7 +48,7 @@ class BrokerCounters:
     allocations: int = 0
     refusals: int = 0
     id_mismatches: int = 0  # the kubelet passed other devices than the record's
-    enforcement_disagreements: int = 0  # the record says another enforcement than the node applies
+    enforcement_disagreements: int = 0  # the node could not apply the record's enforcement
     swaps: int = 0
     unresolved: int = 0  # distinct cases the kubelet's account could not be squared with
     adopted: int = 0
@@ -55,7 +59,7 @@ class AllocationBroker:
     def __init__(
         self,
         inventory: Inventory,
-        ledger: PodLedger,
+        store: PodRecordStore,
         sharing: SharingConfig | None = None,
         *,
         clock: Callable[[], float] = time.time,
@@ -64,7 +68,7 @@ class AllocationBroker:
         self.inventory = inventory
         self.sharing = sharing or SharingConfig()
         self.counters = BrokerCounters()
-        self._ledger = ledger
+        self._store = store
         self._clock = clock
         self._grace_s = departure_grace_s
         self._lock = threading.Lock()
@@ -93,7 +97,7 @@ class AllocationBroker:
         with self._lock:
             try:
                 records = self._records(self._list())
-            except LedgerError as exc:
+            except RecordStoreError as exc:
                 log.warning("cannot read this node's pods, preferring no record's devices: %s", exc)
                 records = ()
             return preferred_ids(
@@ -105,7 +109,7 @@ class AllocationBroker:
         with self._lock:
             try:
                 records = self._records(self._list())
-            except LedgerError as exc:
+            except RecordStoreError as exc:
                 self.counters.refusals += 1
                 raise AllocationRefused(f"cannot read this node's pods: {exc}") from exc
             slot = choose_slot(resource, device_ids, records, self._state, self.inventory)
@@ -121,7 +125,13 @@ class AllocationBroker:
             handout = self._state.handouts[-1]
             key = (record.ref.uid, record.allocation.generation)
             self._pending_consumed[key] = (record.ref, consumption_of(self._state, key))
-            spec = container_spec(slot.grants, self.inventory, self.sharing)
+            spec = container_spec(
+                slot.grants,
+                self.inventory,
+                self.sharing,
+                record.allocation.enforcement,
+                mps_ready=mps_active(self.sharing.mps_pipe_dir),
+            )
             self.counters.allocations += 1
             self._report_disagreements(record, spec, handout.ids_agree, list(device_ids), slot.container)
         self._flush()
@@ -130,7 +140,7 @@ class AllocationBroker:
     def reconcile(self, kubelet: Sequence[KubeletAssignment] | None = None) -> Reconciliation | None:
         """Release what departed pods held, retry write-backs, and check our handouts against the
         kubelet's own account when it is available. Returns what the check found. Raises
-        LedgerError when the pods cannot be listed (nothing is changed then)."""
+        RecordStoreError when the pods cannot be listed (nothing is changed then)."""
         outcome: Reconciliation | None = None
         with self._lock:
             pods = self._list()
@@ -163,7 +173,7 @@ class AllocationBroker:
                 log.error("cannot reconcile with the kubelet: %s", why)
 
     def _list(self) -> Sequence[BoundPod]:
-        return self._ledger.list_bound_pods_on_node()
+        return self._store.list_bound_pods_on_node()
 
     def _records(self, pods: Sequence[BoundPod]) -> tuple[PodRecord, ...]:
         records, problems = read_records(pods, self.inventory, self._overrides)
@@ -188,14 +198,9 @@ class AllocationBroker:
                 record.ref,
                 container,
             )
-        if spec.enforcement is not record.allocation.enforcement:
+        if spec.fallback:
             self.counters.enforcement_disagreements += 1
-            log.warning(
-                "record of %s says enforcement %s, this node applies %s",
-                record.ref,
-                record.allocation.enforcement.value,
-                spec.enforcement.value,
-            )
+            log.warning("%s container %s: %s", record.ref, container, spec.fallback)
 
     def _flush(self) -> None:
         """Write back rewritten records, then consumed annotations (outside the state lock). A
@@ -207,7 +212,7 @@ class AllocationBroker:
             for uid, rw in rewrites.items():
                 outcome = self._write(
                     f"record of {rw.pod}",
-                    self._ledger.rewrite_allocation,
+                    self._store.rewrite_allocation,
                     rw.pod,
                     rw.replaces,
                     rw.allocation,
@@ -224,7 +229,7 @@ class AllocationBroker:
             with self._lock:
                 consumed = {k: v for k, v in self._pending_consumed.items() if k[0] not in unwritten}
             for key, (pod, consumption) in consumed.items():
-                outcome = self._write(f"consumed of {pod}", self._ledger.mark_consumed, pod, consumption)
+                outcome = self._write(f"consumed of {pod}", self._store.mark_consumed, pod, consumption)
                 if outcome != "retry":
                     with self._lock:
                         if self._pending_consumed.get(key) == (pod, consumption):
@@ -237,7 +242,7 @@ class AllocationBroker:
                 return "done"
             log.info("skipped writing %s: the pod is gone or its record changed", what)
             return "moot"
-        except LedgerError as exc:
+        except RecordStoreError as exc:
             self.counters.write_failures += 1
             log.warning("writing %s failed, will retry: %s", what, exc)
             return "retry"

@@ -1,52 +1,32 @@
 """What this node offers the kubelet: resource names, device IDs and their health.
 
-One device-plugin resource per kind of grant:
+One device-plugin resource per kind of grant, named by `contract.resources.ResourceNames` (the
+same `LINKPACK_RESOURCE_*` settings the extender reads; defaults shown):
 
-- `nvidia.com/gpu`: whole GPUs, one device per GPU, device ID = GPU UUID;
-- `nvidia.com/gpu.shared`: share units, `units_per_gpu` devices per GPU, ID `<GPU-uuid>::u<k>`;
-- `nvidia.com/mig-<profile>`: one resource per MIG profile present, device ID = MIG UUID.
+- whole GPUs (`nvidia.com/gpu`): one device per GPU, device ID = GPU UUID;
+- share units (`nvidia.com/gpu.shared`): `units_per_gpu` devices per GPU, ID `<GPU-uuid>::u<k>`;
+- MIG instances (`nvidia.com/mig-<profile>`): one resource per profile present, ID = MIG UUID.
 
-GPUs in MIG mode are offered only through their MIG instances. Everything here is pure.
+The memory resource (`nvidia.com/gpu.memory`) is accounted by the scheduler only; no device
+plugin serves it. GPUs in MIG mode are offered only through their MIG instances. Pure.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import StrEnum
+from dataclasses import dataclass, field
 from functools import cached_property
 
+from contract.resources import DEFAULT_UNITS_PER_GPU, ResourceKind, ResourceNames
 from topology.model import MigMode, NodeTopology
-from topology.workload import DEFAULT_UNITS_PER_GPU
 
-WHOLE_GPU_RESOURCE = "nvidia.com/gpu"
-SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
-MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 SHARE_UNIT_SEPARATOR = "::u"
 MAX_DEVICE_ID_LENGTH = 63  # the kubelet's limit on Device.ID
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 
-
-class ResourceKind(StrEnum):
-    WHOLE = "whole"
-    SHARE = "share"
-    MIG = "mig"
-
-
-def resource_kind(resource: str) -> ResourceKind | None:
-    """Which kind of grant a resource name hands out; None when it is not one of ours."""
-    if resource == WHOLE_GPU_RESOURCE:
-        return ResourceKind.WHOLE
-    if resource == SHARED_GPU_RESOURCE:
-        return ResourceKind.SHARE
-    if resource.startswith(MIG_RESOURCE_PREFIX) and len(resource) > len(MIG_RESOURCE_PREFIX):
-        return ResourceKind.MIG
-    return None
-
-
-def mig_resource(profile: str) -> str:
-    return f"{MIG_RESOURCE_PREFIX}{profile}"
+#: The kinds of resource a device plugin serves.
+SERVED_KINDS = frozenset({ResourceKind.WHOLE, ResourceKind.SHARED_UNITS, ResourceKind.MIG})
 
 
 def share_unit_id(gpu_uuid: str, unit: int) -> str:
@@ -98,6 +78,7 @@ class Inventory:
 
     gpus: tuple[NodeGpu, ...]
     units_per_gpu: int = DEFAULT_UNITS_PER_GPU
+    names: ResourceNames = field(default_factory=ResourceNames)
 
     def __post_init__(self) -> None:
         if self.units_per_gpu < 1:
@@ -109,7 +90,12 @@ class Inventory:
                     raise ValueError(f"device ID {device_id!r} is empty or over {MAX_DEVICE_ID_LENGTH} chars")
 
     @classmethod
-    def from_topology(cls, topology: NodeTopology, units_per_gpu: int = DEFAULT_UNITS_PER_GPU) -> Inventory:
+    def from_topology(
+        cls,
+        topology: NodeTopology,
+        units_per_gpu: int = DEFAULT_UNITS_PER_GPU,
+        names: ResourceNames | None = None,
+    ) -> Inventory:
         """The inventory of a discovered node; GPUs without a UUID cannot be offered and are left out."""
         gpus = tuple(
             NodeGpu(
@@ -123,7 +109,15 @@ class Inventory:
             for g in topology.gpus
             if g.uuid
         )
-        return cls(gpus, units_per_gpu)
+        return cls(gpus, units_per_gpu, names or ResourceNames())
+
+    def kind(self, resource: str) -> ResourceKind | None:
+        """Which kind of grant a resource hands out; None when no plugin of ours serves it."""
+        kind = self.names.kind(resource)
+        return kind if kind in SERVED_KINDS else None
+
+    def serves(self, resource: str) -> bool:
+        return self.kind(resource) is not None
 
     @cached_property
     def _gpu_by_uuid(self) -> dict[str, NodeGpu]:
@@ -149,24 +143,24 @@ class Inventory:
         """The resource names to serve, one plugin each, in a stable order."""
         names: list[str] = []
         if any(not g.mig_enabled for g in self.gpus):
-            names += [WHOLE_GPU_RESOURCE, SHARED_GPU_RESOURCE]
-        names += [mig_resource(p) for p in self.mig_profiles]
+            names += [self.names.whole, self.names.shared_units]
+        names += [self.names.mig_resource(p) for p in self.mig_profiles]
         return tuple(names)
 
     def devices(self, resource: str, unhealthy: frozenset[str] = frozenset()) -> tuple[AdvertisedDevice, ...]:
         """Every device of `resource`. `unhealthy` holds GPU or MIG UUIDs; a sick GPU sickens its parts."""
-        kind = resource_kind(resource)
+        kind = self.kind(resource)
         plain = [g for g in self.gpus if not g.mig_enabled]
         if kind is ResourceKind.WHOLE:
             return tuple(AdvertisedDevice(g.uuid, g.uuid not in unhealthy, g.numa_node) for g in plain)
-        if kind is ResourceKind.SHARE:
+        if kind is ResourceKind.SHARED_UNITS:
             return tuple(
                 AdvertisedDevice(share_unit_id(g.uuid, k), g.uuid not in unhealthy, g.numa_node)
                 for g in plain
                 for k in range(self.units_per_gpu)
             )
         if kind is ResourceKind.MIG:
-            profile = resource[len(MIG_RESOURCE_PREFIX) :]
+            profile = self.names.mig_profile(resource)
             return tuple(
                 AdvertisedDevice(m.uuid, g.uuid not in unhealthy and m.uuid not in unhealthy, g.numa_node)
                 for g in self.gpus

@@ -19,18 +19,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from contract.allocation import Allocation, Consumption
+from contract.pods import PodRef
 from node_agent.deviceplugin.allocator import (
     AllocatorState,
     Handout,
-    Holding,
+    RecordHold,
     consumption_of,
     device_order,
     ids_agree,
     rehold,
 )
-from node_agent.deviceplugin.ledger import PodRef
 from node_agent.deviceplugin.records import PodRecord, Slot
-from topology.allocation import Allocation, Consumption
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +112,7 @@ def reconcile(
 
 
 def _settle(result: Reconciliation, owner: PodRecord, taker: PodRecord) -> Reconciliation:
-    """`taker` got (part of) `owner`'s record: swap the two records, or at least move the holding."""
+    """`taker` got (part of) `owner`'s record: swap the two records, or at least move the hold."""
     owner_key = (owner.ref.uid, owner.allocation.generation)
     if taker.shape != owner.shape:
         why = f"{taker.ref} got {owner.ref}'s record but their requests differ; {taker.ref} now holds it"
@@ -137,13 +137,13 @@ def _settle(result: Reconciliation, owner: PodRecord, taker: PodRecord) -> Recon
         else h
         for h in result.state.handouts
     )
-    holdings = tuple(
+    holds = tuple(
         replace(h, record=(moves[h.record][1].ref.uid, generation), holder=moves[h.record][1].ref)
         if h.record in moves
         else h
-        for h in result.state.holdings
+        for h in result.state.holds
     )
-    state = AllocatorState(handouts, holdings)
+    state = AllocatorState(handouts, holds)
     rewrites: list[Rewrite] = []
     overrides: list[tuple[str, Allocation]] = []
     for source, target in moves.values():
@@ -185,11 +185,11 @@ def _adopt_unknown(
         if slot is None or slot.key in state.consumed:
             continue
         key = (record.ref.uid, record.allocation.generation)
-        holdings = state.holdings
-        if state.holding(key) is None:
-            holdings = (*holdings, Holding(key, record.ref, record.allocation.grants, now))
+        holds = state.holds
+        if state.hold(key) is None:
+            holds = (*holds, RecordHold(key, record.ref, record.allocation.grants, now))
         state = AllocatorState(
-            (*state.handouts, Handout(slot, record.ref, ids, now, ids_agree(slot, ids))), holdings
+            (*state.handouts, Handout(slot, record.ref, ids, now, ids_agree(slot, ids))), holds
         )
         adopted += 1
     return replace(result, state=state, adopted=result.adopted + adopted)

@@ -1,34 +1,36 @@
 """A pod's allocation record, split into what each of its containers is to get. Pure.
 
 The kubelet asks the device plugin once per container and resource, so a pod-level record is
-cut into slots: one per (container, resource) the pod requests from us.
+cut into slots: one per (container, resource) the pod requests from us. The record must grant
+the pod's effective request of each resource (`contract.pod_demand.effective_amount`: sidecars
+count for the pod's life and towards later init containers).
 
-- Whole GPUs and MIG instances: app containers take consecutive slices of the record's grants
-  in container order; an init container takes the first slice (the kubelet hands an init
-  container's devices on to the containers after it).
+- Whole GPUs and MIG instances: containers that keep their devices (sidecars and app
+  containers) take consecutive slices of the record's grants in container order; a plain init
+  container takes the slice after those of the sidecars started before it (it runs beside
+  them; the kubelet hands its devices on to the containers after it).
 - Shares: every container gets the record's share GPUs with memory and units scaled by its
   part of the pod's request (rounded down, so the parts never add up to more than the record).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from node_agent.deviceplugin.inventory import Inventory, ResourceKind, mig_resource, resource_kind
-from node_agent.deviceplugin.ledger import BoundPod, ContainerDemand, PodRef
-from topology.allocation import (
-    ALLOCATION_ANNOTATION,
-    CONSUMED_ANNOTATION,
-    Allocation,
-    AllocationError,
-    decode_allocation,
-    decode_consumption,
-)
+from contract.allocation import Allocation, AllocationError, decode_allocation, decode_consumption
+from contract.keys import ALLOCATION_ANNOTATION, CONSUMED_ANNOTATION
+from contract.pod_demand import ContainerRole, effective_amount
+from contract.pods import PodRef
+from contract.resources import ResourceKind
+from node_agent.deviceplugin.inventory import Inventory
+from node_agent.deviceplugin.record_store import BoundPod
 from topology.workload import GpuGrant
 
 #: (pod uid, record generation, container position, resource)
 SlotKey = tuple[str, int, int, str]
+#: (container position, role, resource, amount): what the kubelet will ask for
+SlotShape = tuple[int, ContainerRole, str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +42,9 @@ class Slot:
     generation: int
     position: int  # index into BoundPod.containers
     container: str
-    init: bool
+    role: ContainerRole
     resource: str
+    kind: ResourceKind
     amount: int  # device IDs the kubelet will ask for
     grants: tuple[GpuGrant, ...]  # what this container is given
 
@@ -50,8 +53,13 @@ class Slot:
         return (self.pod.uid, self.generation, self.position, self.resource)
 
     @property
-    def shape(self) -> tuple[int, bool, str, int]:
-        return (self.position, self.init, self.resource, self.amount)
+    def keeps_devices(self) -> bool:
+        """Held for the pod's life (sidecar or app container), not handed on (plain init)."""
+        return self.role is not ContainerRole.INIT
+
+    @property
+    def shape(self) -> SlotShape:
+        return (self.position, self.role, self.resource, self.amount)
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,7 @@ class PodRecord:
         return self.pod.ref
 
     @property
-    def shape(self) -> tuple[tuple[int, bool, str, int], ...]:
+    def shape(self) -> tuple[SlotShape, ...]:
         """What the kubelet will ask for, slot by slot; two records with one shape can be swapped."""
         return tuple(s.shape for s in self.slots)
 
@@ -80,61 +88,51 @@ class RecordProblem:
     reason: str
 
 
-def our_resources(pod: BoundPod) -> tuple[str, ...]:
+def our_resources(pod: BoundPod, inventory: Inventory) -> tuple[str, ...]:
     """The device-plugin resources the pod requests from us, sorted."""
-    return tuple(
-        sorted({r for c in pod.containers for r, n in c.resources if n > 0 and resource_kind(r) is not None})
-    )
-
-
-def effective_request(demands: Sequence[ContainerDemand], resource: str) -> int:
-    """What the pod as a whole needs of a resource: the larger of any init container and the app sum."""
-    init = max((c.amount(resource) for c in demands if c.init), default=0)
-    app = sum(c.amount(resource) for c in demands if not c.init)
-    return max(init, app)
+    return tuple(sorted({r for c in pod.containers for r, n in c.amounts if n > 0 and inventory.kind(r)}))
 
 
 def grants_for_resource(
     resource: str, grants: Iterable[GpuGrant], inventory: Inventory
 ) -> tuple[GpuGrant, ...]:
-    kind = resource_kind(resource)
+    kind = inventory.kind(resource)
     if kind is ResourceKind.WHOLE:
         return tuple(g for g in grants if g.whole and not g.mig_uuid)
-    if kind is ResourceKind.SHARE:
+    if kind is ResourceKind.SHARED_UNITS:
         return tuple(g for g in grants if not g.whole and not g.mig_uuid)
     return tuple(g for g in grants if g.mig_uuid and _mig_resource_of(g, inventory) == resource)
 
 
 def split_record(pod: BoundPod, allocation: Allocation, inventory: Inventory) -> tuple[Slot, ...] | str:
     """The record's slots, or why the record does not fit the pod's requests."""
-    resources = our_resources(pod)
     recorded = dict(allocation.resources)
     covered: set[GpuGrant] = set()
     slots: list[Slot] = []
-    for resource in resources:
-        needed = effective_request(pod.containers, resource)
+    for resource in our_resources(pod, inventory):
+        kind = inventory.kind(resource)
+        assert kind is not None
+        needed = effective_amount(pod.containers, resource)
         if resource in recorded and recorded[resource] != needed:
             return f"record grants {recorded[resource]} {resource}, the pod requests {needed}"
         grants = grants_for_resource(resource, allocation.grants, inventory)
         covered.update(grants)
-        kind = resource_kind(resource)
-        if kind is ResourceKind.SHARE:
+        if kind is ResourceKind.SHARED_UNITS:
             if not grants:
                 return f"record has no shared GPU for {needed} {resource}"
         elif len(grants) != needed:
             return f"record has {len(grants)} devices for {resource}, the pod requests {needed}"
-        offset = 0
+        kept = 0  # devices held by the sidecars and app containers so far
         for position, container in enumerate(pod.containers):
             amount = container.amount(resource)
             if amount <= 0:
                 continue
-            if kind is ResourceKind.SHARE:
+            if kind is ResourceKind.SHARED_UNITS:
                 given = tuple(_scaled(g, amount, needed) for g in grants)
-            elif container.init:
-                given = grants[:amount]
             else:
-                given = grants[offset : offset + amount]
-                offset += amount
+                given = grants[kept : kept + amount]
+                if container.keeps_devices:
+                    kept += amount
             slots.append(
                 Slot(
                     pod=pod.ref,
@@ -142,8 +140,9 @@ def split_record(pod: BoundPod, allocation: Allocation, inventory: Inventory) ->
                     generation=allocation.generation,
                     position=position,
                     container=container.name,
-                    init=container.init,
+                    role=container.role,
                     resource=resource,
+                    kind=kind,
                     amount=amount,
                     grants=given,
                 )
@@ -166,7 +165,7 @@ def read_records(
     records: list[PodRecord] = []
     problems: list[RecordProblem] = []
     for pod in pods:
-        if not our_resources(pod):
+        if not our_resources(pod, inventory):
             continue
         allocation = _current_allocation(pod, overrides.get(pod.ref.uid))
         if isinstance(allocation, str):
@@ -216,4 +215,4 @@ def _scaled(grant: GpuGrant, part: int, whole: int) -> GpuGrant:
 
 def _mig_resource_of(grant: GpuGrant, inventory: Inventory) -> str:
     found = inventory.mig_instance(grant.mig_uuid)
-    return mig_resource(found[1].profile) if found else ""
+    return inventory.names.mig_resource(found[1].profile) if found else ""

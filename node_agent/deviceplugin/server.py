@@ -13,7 +13,7 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +23,14 @@ import grpc
 
 from node_agent.deviceplugin.broker import AllocationBroker, AllocationRefused
 from node_agent.deviceplugin.container_spec import ContainerSpec
-from node_agent.deviceplugin.inventory import HEALTHY, UNHEALTHY, AdvertisedDevice, resource_kind
-from node_agent.deviceplugin.ledger import LedgerError
+from node_agent.deviceplugin.inventory import HEALTHY, UNHEALTHY, AdvertisedDevice
+from node_agent.deviceplugin.paths import (
+    DEFAULT_PLUGIN_DIR,
+    DEFAULT_POD_RESOURCES_SOCKET,
+    KUBELET_SOCKET_NAME,
+)
 from node_agent.deviceplugin.reconcile import KubeletAssignment
+from node_agent.deviceplugin.record_store import RecordStoreError
 
 log = logging.getLogger("linkpack.deviceplugin")
 
@@ -38,9 +43,6 @@ podres_grpc: Any = importlib.import_module(f"{_GENERATED}.podresources_pb2_grpc"
 Message = Any  # a generated protobuf message
 
 API_VERSION = "v1beta1"
-DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
-DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-KUBELET_SOCKET_NAME = "kubelet.sock"
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,10 +226,12 @@ class _PluginEndpoint:
 
 
 class KubeletPodResources:
-    """Client of the kubelet's pod-resources API (v1 List): which container holds which device IDs."""
+    """Client of the kubelet's pod-resources API (v1 List): which container holds which device IDs
+    of the resources we serve (`served`)."""
 
-    def __init__(self, socket_path: str, timeout_s: float = 5.0) -> None:
+    def __init__(self, socket_path: str, served: Callable[[str], bool], timeout_s: float = 5.0) -> None:
         self._target = f"unix://{socket_path}"
+        self._served = served
         self._timeout_s = timeout_s
 
     def list(self) -> tuple[KubeletAssignment, ...]:
@@ -243,7 +247,7 @@ class KubeletPodResources:
             for p in answer.pod_resources
             for c in p.containers
             for d in c.devices
-            if resource_kind(d.resource_name) is not None
+            if self._served(d.resource_name)
         )
 
 
@@ -260,7 +264,9 @@ class DevicePlugins:
             _PluginEndpoint(r, broker, self.health, config) for r in broker.inventory.resources
         ]
         self._pod_resources = (
-            KubeletPodResources(config.pod_resources_socket) if config.pod_resources_socket else None
+            KubeletPodResources(config.pod_resources_socket, broker.inventory.serves)
+            if config.pod_resources_socket
+            else None
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -303,7 +309,7 @@ class DevicePlugins:
                 log.info("pod-resources unavailable, reconciling without it: %s", exc)
         try:
             self.broker.reconcile(kubelet)
-        except LedgerError as exc:
+        except RecordStoreError as exc:
             log.warning("reconcile skipped, cannot list pods: %s", exc)
 
     def _watch(self) -> None:
@@ -361,7 +367,7 @@ def start_device_plugins(
     kubelet (now, or as soon as its socket appears) and keep them registered. Call `stop()` to end."""
     try:
         broker.resync()
-    except LedgerError as exc:
+    except RecordStoreError as exc:
         log.warning("cannot read this node's pods at start; starting with nothing handed out: %s", exc)
     plugins = DevicePlugins(broker, config or PluginConfig(), health)
     plugins.start()

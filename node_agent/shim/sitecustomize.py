@@ -17,7 +17,8 @@ import sys
 
 def _activate_shim() -> None:
     try:
-        import linkpack_shim
+        # a sibling file, importable only from the container's PYTHONPATH (not as node_agent.shim.*)
+        import linkpack_shim  # type: ignore[import-not-found]
 
         linkpack_shim.activate()
     except Exception as exc:

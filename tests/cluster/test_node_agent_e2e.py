@@ -1,12 +1,15 @@
 """The node agent as its own process against a real kube-apiserver, on a simulated DGX A100.
 
-- publishing: the GpuTopology record named after the node, its spec (8 GPUs, NV12 between every
-  pair), a heartbeat that moves while the spec stays put, a fault injected through the agent's
-  /debug/inject and a cordon set through the node annotation, both reflected in the status;
+- publishing: the GpuTopology named after the node, its spec (8 GPUs, NV12 between every pair),
+  its status (GPU count, MPS, health), a heartbeat that moves while the spec stays put, a fault
+  injected through the agent's /debug/inject and a cordon set through the node annotation (in
+  upper case, with a junk entry beside it), all reflected in the status;
 - the device plugin: a fake kubelet in this process, a real pod bound to the node carrying an
   allocation record; the kubelet's Allocate is answered from the record and the consumed
   annotation lands on the pod through the API;
-- KubePodLedger itself against the API server's resourceVersion preconditions (real 409s).
+- KubePodRecords itself against the API server's resourceVersion preconditions (real 409s).
+
+Every wait is on a condition seen through the API, never a sleep.
 """
 
 from __future__ import annotations
@@ -30,30 +33,35 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from contract.allocation import Allocation, Consumption, decode_consumption, encode_allocation
+from contract.keys import (
+    ALLOCATION_ANNOTATION,
+    CONSUMED_ANNOTATION,
+    CORDON_ANNOTATION,
+    GROUP,
+    TOPOLOGY_HASH_ANNOTATION,
+    TOPOLOGY_PLURAL,
+    TOPOLOGY_VERSION,
+)
+from contract.pod_demand import ContainerRole
+from contract.resources import ResourceNames
 from node_agent.deviceplugin._generated import deviceplugin_pb2 as api
-from node_agent.deviceplugin.inventory import WHOLE_GPU_RESOURCE
-from node_agent.health import CORDON_ANNOTATION
-from node_agent.kube import HASH_ANNOTATION, KubernetesClusterApi
-from node_agent.pod_ledger import KubePodLedger
+from node_agent.kube_client import KubernetesNodeApi
+from node_agent.pod_records import KubePodRecords
 from tests.cluster.controlplane import REPO_ROOT, ControlPlane, bind_pod, delete_fake_node, free_port
 from tests.cluster.linkpack_env import wait_until
 from tests.cluster.procs import die_with_parent
 from tests.node_agent.fake_kubelet import FakeKubelet, plugin_stub
-from topology.allocation import (
-    ALLOCATION_ANNOTATION,
-    CONSUMED_ANNOTATION,
-    Allocation,
-    Consumption,
-    decode_consumption,
-    encode_allocation,
-)
 from topology.codec import decode_topology
 from topology.model import LinkKind
 from topology.workload import GpuGrant
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
-GROUP, VERSION, PLURAL = "linkpack.io", "v1alpha1", "gputopologies"
+VERSION, PLURAL = TOPOLOGY_VERSION, TOPOLOGY_PLURAL
+WHOLE_GPU = ResourceNames().whole
+#: How long a change may take to show in the API under load (the agent polls every 0.5 s).
+SETTLE_S = 20
 
 
 @dataclass
@@ -182,10 +190,19 @@ def _published(cp: ControlPlane, node: str) -> dict[str, Any]:
     return found
 
 
+def _status(cp: ControlPlane, node: str) -> dict[str, Any]:
+    return dict((_record(cp, node) or {}).get("status") or {})
+
+
 def _health_entry(cp: ControlPlane, node: str, index: int) -> dict[str, Any]:
-    record = _record(cp, node) or {}
-    entries = (record.get("status") or {}).get("gpuHealth") or []
+    entries = _status(cp, node).get("gpuHealth") or []
     return next((e for e in entries if e.get("index") == index), {})
+
+
+def _later_heartbeat(cp: ControlPlane, node: str, what: str) -> None:
+    """Wait for a heartbeat written after now: at least one more poll has run and been published."""
+    beat = _status(cp, node).get("heartbeat")
+    wait_until(lambda: _status(cp, node).get("heartbeat") not in (None, beat), SETTLE_S, what)
 
 
 # ---------------------------------------------------------------------- publishing
@@ -194,6 +211,7 @@ def _health_entry(cp: ControlPlane, node: str, index: int) -> dict[str, Any]:
 def test_agent_publishes_heartbeats_and_reports_faults_and_cordons(
     linkpack_crd: ControlPlane, gpu_node: str
 ) -> None:
+    """The agent publishes its GpuTopology and heartbeats, and reports an XID 79 and a cordon in its status."""
     cp, node = linkpack_crd, gpu_node
     with running_agent(cp, node, ["--no-device-plugin"]) as agent:
         record = _published(cp, node)
@@ -203,42 +221,53 @@ def test_agent_publishes_heartbeats_and_reports_faults_and_cordons(
         assert all(link.kind is LinkKind.NV and link.nvlinks == 12 for link in pairs)
         status = record["status"]
         assert status["heartbeat"] and status["agentVersion"]
+        assert status["gpuCount"] == 8  # the CRD's printer column
+        assert status["mps"] == {"active": False} and status["interposer"] == {"available": False}
+        assert status["cordonProblems"] == []
         assert [e["healthy"] for e in status["gpuHealth"]] == [True] * 8
         assert [e["uuid"] for e in status["gpuHealth"]] == [g.uuid for g in topology.gpus]
-        spec_hash = record["metadata"]["annotations"][HASH_ANNOTATION]
+        spec_hash = record["metadata"]["annotations"][TOPOLOGY_HASH_ANNOTATION]
         generation = record["metadata"]["generation"]
 
         # The heartbeat moves on; the unchanged spec is not written again.
-        first_beat = status["heartbeat"]
-        wait_until(
-            lambda: ((_record(cp, node) or {}).get("status") or {}).get("heartbeat") != first_beat,
-            10,
-            "a later heartbeat",
-        )
+        _later_heartbeat(cp, node, "a later heartbeat")
         later = _record(cp, node) or {}
         assert later["metadata"]["generation"] == generation
-        assert later["metadata"]["annotations"][HASH_ANNOTATION] == spec_hash
+        assert later["metadata"]["annotations"][TOPOLOGY_HASH_ANNOTATION] == spec_hash
         assert later["spec"] == record["spec"]
 
-        # XID 79 (fallen off the bus) on GPU 3: unhealthy in the status within seconds.
+        # XID 79 (fallen off the bus) on GPU 3: unhealthy in the status, with the XID as the reason.
+        # The GPU stops answering NVML too; whichever the agent notices first, the XID must win,
+        # and stay the reason on the polls that follow (each sees the GPU unreadable again).
         agent.inject({"gpu": 3, "xid": 79})
-        wait_until(lambda: _health_entry(cp, node, 3).get("healthy") is False, 5, "GPU 3 unhealthy")
+        wait_until(
+            lambda: "XID 79" in str(_health_entry(cp, node, 3).get("reason")),
+            SETTLE_S,
+            "GPU 3 down by XID 79",
+        )
+        _later_heartbeat(cp, node, "a heartbeat after GPU 3 went down")
         entry = _health_entry(cp, node, 3)
-        assert entry["severity"] == "fatal" and "XID 79" in entry["reason"]
+        assert entry["healthy"] is False and entry["severity"] == "fatal", entry
+        assert entry["reason"].startswith("XID 79"), entry
         assert all(_health_entry(cp, node, i)["healthy"] for i in range(8) if i != 3)
 
-        # Cordon GPU 5 through the node annotation, then lift it.
+        # Cordon GPU 5 through the node annotation, its UUID in upper case and junk beside it,
+        # then lift it.
         gpu5 = topology.gpus[5].uuid
         core = _core(cp)
-        core.patch_node(node, {"metadata": {"annotations": {CORDON_ANNOTATION: gpu5}}})
-        wait_until(lambda: _health_entry(cp, node, 5).get("cordoned") is True, 5, "GPU 5 cordoned")
+        cordon = f"GPU-{gpu5[4:].upper()},not-a-gpu"
+        core.patch_node(node, {"metadata": {"annotations": {CORDON_ANNOTATION: cordon}}})
+        wait_until(lambda: _health_entry(cp, node, 5).get("cordoned") is True, SETTLE_S, "GPU 5 cordoned")
         assert _health_entry(cp, node, 5)["healthy"] is True
+        problems = _status(cp, node).get("cordonProblems")
+        assert problems and len(problems) == 1 and "'not-a-gpu' is not a GPU UUID" in problems[0], problems
         core.patch_node(node, {"metadata": {"annotations": {CORDON_ANNOTATION: None}}})
-        wait_until(lambda: _health_entry(cp, node, 5).get("cordoned") is False, 5, "GPU 5 uncordoned")
+        wait_until(lambda: _health_entry(cp, node, 5).get("cordoned") is False, SETTLE_S, "GPU 5 uncordoned")
+        assert _status(cp, node).get("cordonProblems") == []
 
         events = core.list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
         reasons = {e.reason for e in events}
-        assert {"GpuUnhealthy", "GpuCordonChanged"} <= reasons, reasons
+        assert {"GpuUnhealthy", "GpuCordonChanged", "BadCordonAnnotation"} <= reasons, reasons
         metrics = httpx.get(f"{agent.url}/metrics", timeout=5).text
         assert "linkpack_agent_device_plugin_resources 0.0" in metrics
         assert agent.stop() == 0, agent.log()
@@ -250,7 +279,7 @@ def test_agent_publishes_heartbeats_and_reports_faults_and_cordons(
 
 
 def _pod_with_record(name: str, record: Allocation) -> dict[str, Any]:
-    limits = {WHOLE_GPU_RESOURCE: str(len(record.grants))}
+    limits = {WHOLE_GPU: str(len(record.grants))}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -267,6 +296,7 @@ def _pod_with_record(name: str, record: Allocation) -> dict[str, Any]:
 def test_agent_serves_the_kubelet_from_allocation_records_in_the_api(
     linkpack_crd: ControlPlane, gpu_node: str, cluster_namespace: str, short_dir: Path
 ) -> None:
+    """The agent's device plugin answers the kubelet from a pod's record in the API and writes the consumption back."""
     cp, node, ns = linkpack_crd, gpu_node, cluster_namespace
     kubelet = FakeKubelet(short_dir)
     kubelet.start()
@@ -285,13 +315,13 @@ def test_agent_serves_the_kubelet_from_allocation_records_in_the_api(
             record = Allocation(
                 node,
                 (GpuGrant(1, gpus[1].uuid, True), GpuGrant(2, gpus[2].uuid, True)),
-                resources=((WHOLE_GPU_RESOURCE, 2),),
+                resources=((WHOLE_GPU, 2),),
             )
             core = _core(cp)
             core.create_namespaced_pod(ns, _pod_with_record("train", record))
             assert bind_pod(cp.api_client(), ns, "train", node) == 201
 
-            channel, plugin = plugin_stub(short_dir, WHOLE_GPU_RESOURCE)
+            channel, plugin = plugin_stub(short_dir, WHOLE_GPU)
             with channel:
                 stream = plugin.ListAndWatch(api.Empty(), timeout=30)
                 assert {d.health for d in next(stream).devices} == {"Healthy"}
@@ -321,40 +351,46 @@ def test_agent_serves_the_kubelet_from_allocation_records_in_the_api(
         kubelet.stop()
 
 
-def test_kube_pod_ledger_honours_resource_versions_of_the_api_server(
+def test_kube_pod_records_honour_resource_versions_of_the_api_server(
     linkpack_crd: ControlPlane, gpu_node: str, cluster_namespace: str
 ) -> None:
+    """KubePodRecords honour the API server's resourceVersion preconditions and generations."""
     cp, node, ns = linkpack_crd, gpu_node, cluster_namespace
     core = _core(cp)
     record = Allocation(node, (GpuGrant(0, "GPU-00000000-0000-0000-0000-000000000000", True),))
-    pod = _pod_with_record("ledger", record)
+    pod = _pod_with_record("records", record)
     pod["spec"]["initContainers"] = [
         {
             "name": "warm",
             "image": "registry.invalid/app:1",
-            "resources": {"limits": {WHOLE_GPU_RESOURCE: "1"}},
+            "resources": {"limits": {WHOLE_GPU: "1"}},
         }
     ]
     core.create_namespaced_pod(ns, pod)
-    assert bind_pod(cp.api_client(), ns, "ledger", node) == 201
-    ledger = KubePodLedger(KubernetesClusterApi.from_config(node, str(cp.kubeconfig_path)), node)
-    (bound,) = [p for p in ledger.list_bound_pods_on_node() if p.ref.name == "ledger"]
-    assert [(c.name, c.init) for c in bound.containers] == [("warm", True), ("main", False)]
-    created = core.read_namespaced_pod("ledger", ns)
+    assert bind_pod(cp.api_client(), ns, "records", node) == 201
+    store = KubePodRecords(KubernetesNodeApi.from_config(node, str(cp.kubeconfig_path)), node)
+    (bound,) = [p for p in store.list_bound_pods_on_node() if p.ref.name == "records"]
+    assert [(c.name, c.role) for c in bound.containers] == [
+        ("warm", ContainerRole.INIT),
+        ("main", ContainerRole.APP),
+    ]
+    created = core.read_namespaced_pod("records", ns)
     scheduled = next(c for c in created.status.conditions if c.type == "PodScheduled")
     assert bound.bound_at == scheduled.last_transition_time.timestamp()
 
     # Someone else writes after the listing: the remembered resourceVersion gets a real 409.
-    core.patch_namespaced_pod("ledger", ns, {"metadata": {"labels": {"touched": "yes"}}})
+    core.patch_namespaced_pod("records", ns, {"metadata": {"labels": {"touched": "yes"}}})
     consumption = Consumption(1, ("main",), (record.grants[0].uuid,))
-    assert ledger.mark_consumed(bound.ref, consumption) is True
-    stored = core.read_namespaced_pod("ledger", ns).metadata
+    assert store.mark_consumed(bound.ref, consumption) is True
+    stored = core.read_namespaced_pod("records", ns).metadata
     assert decode_consumption(stored.annotations[CONSUMED_ANNOTATION]) == consumption
     assert stored.labels == {"touched": "yes"}
 
     # A record rewritten to generation 2 meanwhile: marking generation 1 is moot.
     rewritten = encode_allocation(Allocation(node, record.grants, generation=2))
-    core.patch_namespaced_pod("ledger", ns, {"metadata": {"annotations": {ALLOCATION_ANNOTATION: rewritten}}})
-    assert ledger.mark_consumed(bound.ref, consumption) is False
-    core.delete_namespaced_pod("ledger", ns, grace_period_seconds=0)
-    assert ledger.mark_consumed(bound.ref, Consumption(2, ("main",), ())) is False
+    core.patch_namespaced_pod(
+        "records", ns, {"metadata": {"annotations": {ALLOCATION_ANNOTATION: rewritten}}}
+    )
+    assert store.mark_consumed(bound.ref, consumption) is False
+    core.delete_namespaced_pod("records", ns, grace_period_seconds=0)
+    assert store.mark_consumed(bound.ref, Consumption(2, ("main",), ())) is False

@@ -107,4 +107,7 @@ class KubeletHarness:
             self._proc.kill()
             self._proc.wait(timeout=10)
         finally:
+            for pipe in (self._proc.stdin, self._proc.stdout):
+                if pipe is not None:
+                    pipe.close()
             self._log.close()

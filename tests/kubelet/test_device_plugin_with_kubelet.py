@@ -17,21 +17,37 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from contract.allocation import decode_allocation
+from contract.keys import ALLOCATION_ANNOTATION
+from contract.pod_demand import ContainerDemand, ContainerRole
 from node_agent.deviceplugin.broker import AllocationBroker
 from node_agent.deviceplugin.container_spec import SharingConfig
-from node_agent.deviceplugin.inventory import SHARED_GPU_RESOURCE, WHOLE_GPU_RESOURCE, mig_resource
-from node_agent.deviceplugin.ledger import BoundPod, ContainerDemand, InMemoryPodLedger
+from node_agent.deviceplugin.record_store import BoundPod, InMemoryPodRecords
 from node_agent.deviceplugin.server import (
     DevicePlugins,
     KubeletPodResources,
     PluginConfig,
     start_device_plugins,
 )
-from tests.node_agent.builders import MIG_PROFILE, inventory, mig, mig_uuid, pod, share, uuid, whole
-from topology.allocation import ALLOCATION_ANNOTATION, decode_allocation
+from tests.node_agent.builders import (
+    MIG_GPU,
+    SHARED_GPU,
+    WHOLE_GPU,
+    app,
+    init,
+    inventory,
+    mig,
+    mig_uuid,
+    pod,
+    share,
+    sidecar,
+    uuid,
+    whole,
+)
 
 from .harness_process import (
     CHECKPOINT,
@@ -45,7 +61,7 @@ from .harness_process import (
 pytestmark = [pytest.mark.kubelet, pytest.mark.timeout(1800)]
 
 UNITS = 4
-MIG = mig_resource(MIG_PROFILE)
+MIG = MIG_GPU
 
 
 @pytest.fixture(scope="module")
@@ -64,22 +80,24 @@ def binary() -> Path:
 class Node:
     kubelet: KubeletHarness
     plugins: DevicePlugins
-    ledger: InMemoryPodLedger
+    store: InMemoryPodRecords
     broker: AllocationBroker
     pod_resources: Path
 
-    def admit(self, bound: BoundPod) -> dict:
-        """Put the pod in the ledger (bound, with its record) unless it is there, and have the kubelet admit it."""
-        if bound.ref.uid not in {p.ref.uid for p in self.ledger.list_bound_pods_on_node()}:
-            self.ledger.put(bound)
+    def admit(self, bound: BoundPod) -> dict[str, Any]:
+        """Put the pod in the store (bound, with its record) unless it is there, and have the kubelet admit it."""
+        if bound.ref.uid not in {p.ref.uid for p in self.store.list_bound_pods_on_node()}:
+            self.store.put(bound)
         return self.kubelet.send("allocate", pod=pod_spec(bound))
 
-    def capacity(self) -> dict:
+    def capacity(self) -> dict[str, Any]:
         answer = self.kubelet.send("capacity")
         assert answer["ok"], answer
         return answer
 
-    def wait_for(self, want: dict[str, int], field: str = "allocatable", timeout_s: float = 15.0) -> dict:
+    def wait_for(
+        self, want: dict[str, int], field: str = "allocatable", timeout_s: float = 15.0
+    ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         while True:
             answer = self.capacity()
@@ -90,16 +108,19 @@ class Node:
             time.sleep(0.1)
 
 
-def pod_spec(bound: BoundPod) -> dict:
-    def containers(init: bool) -> list[dict]:
-        return [{"name": c.name, "limits": dict(c.resources)} for c in bound.containers if c.init == init]
+def pod_spec(bound: BoundPod) -> dict[str, Any]:
+    def entry(c: ContainerDemand) -> dict[str, Any]:
+        spec: dict[str, Any] = {"name": c.name, "limits": dict(c.amounts)}
+        if c.role is ContainerRole.SIDECAR:
+            spec["restartPolicy"] = "Always"
+        return spec
 
     return {
         "namespace": bound.ref.namespace,
         "name": bound.ref.name,
         "uid": bound.ref.uid,
-        "initContainers": containers(True),
-        "containers": containers(False),
+        "initContainers": [entry(c) for c in bound.containers if c.role is not ContainerRole.APP],
+        "containers": [entry(c) for c in bound.containers if c.role is ContainerRole.APP],
     }
 
 
@@ -114,10 +135,10 @@ def node(binary: Path, tmp_path: Path) -> Iterator[Node]:
         assert started["ok"], started
         pod_resources = short / "pod-resources.sock"
         assert kubelet.send("podresources", socket=str(pod_resources))["ok"]
-        ledger = InMemoryPodLedger()
+        store = InMemoryPodRecords()
         broker = AllocationBroker(
             inventory(4, units_per_gpu=UNITS, mig_gpus=(3,)),
-            ledger,
+            store,
             SharingConfig(shim_host_dir="/srv/linkpack/shim"),
         )
         config = PluginConfig(
@@ -128,7 +149,7 @@ def node(binary: Path, tmp_path: Path) -> Iterator[Node]:
             reconcile_interval_s=3600,
         )
         plugins = start_device_plugins(broker, config)
-        yield Node(kubelet, plugins, ledger, broker, pod_resources)
+        yield Node(kubelet, plugins, store, broker, pod_resources)
     finally:
         if plugins is not None:
             plugins.stop()
@@ -143,16 +164,18 @@ def node(binary: Path, tmp_path: Path) -> Iterator[Node]:
         shutil.rmtree(short, ignore_errors=True)
 
 
-FULL = {WHOLE_GPU_RESOURCE: 3, SHARED_GPU_RESOURCE: 3 * UNITS, MIG: 2}
+FULL = {WHOLE_GPU: 3, SHARED_GPU: 3 * UNITS, MIG: 2}
 
 
 def test_plugins_register_and_the_kubelet_sees_every_resource(node: Node) -> None:
+    """The kubelet sees every resource the plugins register, with full capacity."""
     answer = node.wait_for(FULL, field="capacity")
     assert {k: answer["allocatable"][k] for k in FULL} == FULL
     assert answer["inactive"] == []
 
 
 def test_preferred_allocation_is_asked_with_unsorted_ids_and_honoured(node: Node) -> None:
+    """The kubelet asks for a preference with unsorted IDs and takes the record's devices."""
     node.wait_for(FULL)
     asked: list[tuple[str, list[str], int]] = []
     preferred = node.broker.preferred
@@ -165,10 +188,10 @@ def test_preferred_allocation_is_asked_with_unsorted_ids_and_honoured(node: Node
     answer = node.admit(pod("train", whole(2, 0), bound_at=1))
     assert answer["ok"], answer
     ((resource, available, size),) = asked
-    assert (resource, size) == (WHOLE_GPU_RESOURCE, 2)
+    assert (resource, size) == (WHOLE_GPU, 2)
     assert sorted(available) == [uuid(0), uuid(1), uuid(2)]
     (container,) = answer["containers"]
-    assert container["devices"] == {WHOLE_GPU_RESOURCE: [uuid(0), uuid(2)]}  # the kubelet took our choice
+    assert container["devices"] == {WHOLE_GPU: [uuid(0), uuid(2)]}  # the kubelet took our choice
     assert container["envs"]["NVIDIA_VISIBLE_DEVICES"] == f"{uuid(0)},{uuid(2)}"
     assert container["envs"]["LINKPACK_ENFORCEMENT"] == "none"
     assert container["mounts"] == []
@@ -176,15 +199,15 @@ def test_preferred_allocation_is_asked_with_unsorted_ids_and_honoured(node: Node
 
 
 def test_a_share_container_gets_the_records_caps_and_the_shim(node: Node) -> None:
+    """A cooperative share container gets the record's caps and the shim mount, and no MPS variables."""
     node.wait_for(FULL)
     answer = node.admit(pod("infer", share(1, 20480, 2), bound_at=1))
     assert answer["ok"], answer
     (container,) = answer["containers"]
-    assert [d.split("::")[0] for d in container["devices"][SHARED_GPU_RESOURCE]] == [uuid(1)] * 2
+    assert [d.split("::")[0] for d in container["devices"][SHARED_GPU]] == [uuid(1)] * 2
     envs = container["envs"]
     assert envs["NVIDIA_VISIBLE_DEVICES"] == uuid(1)
-    assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
-    assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in envs  # the record says cooperative, not MPS
     assert (envs["LINKPACK_MEMORY_LIMIT_MIB"], envs["LINKPACK_MEMORY_FRACTION"]) == ("20480", "0.25")
     assert envs["LINKPACK_ENFORCEMENT"] == "cooperative"
     assert envs["PYTHONPATH"] == "/opt/linkpack/shim"
@@ -194,21 +217,18 @@ def test_a_share_container_gets_the_records_caps_and_the_shim(node: Node) -> Non
 
 
 def test_mig_and_multi_container_pods_get_what_their_records_say(node: Node) -> None:
+    """MIG and multi-container pods get exactly the devices their records say, as the kubelet accounts them."""
     node.wait_for(FULL)
     answer = node.admit(pod("slice", mig(3, 1), bound_at=1))
     assert answer["ok"], answer
     assert answer["containers"][0]["envs"]["NVIDIA_VISIBLE_DEVICES"] == mig_uuid(3, 1)
     assert answer["containers"][0]["devices"] == {MIG: [mig_uuid(3, 1)]}
 
-    containers = (
-        ContainerDemand("prepare", ((WHOLE_GPU_RESOURCE, 2),), init=True),
-        ContainerDemand("left", ((WHOLE_GPU_RESOURCE, 1),)),
-        ContainerDemand("right", ((WHOLE_GPU_RESOURCE, 1),)),
-    )
+    containers = (init("prepare", WHOLE_GPU, 2), app("left", WHOLE_GPU, 1), app("right", WHOLE_GPU, 1))
     answer = node.admit(pod("pair", whole(1, 2), containers, bound_at=2))
     assert answer["ok"], answer
     envs = {c["name"]: c["envs"]["NVIDIA_VISIBLE_DEVICES"] for c in answer["containers"]}
-    kubelet = {c["name"]: ",".join(c["devices"][WHOLE_GPU_RESOURCE]) for c in answer["containers"]}
+    kubelet = {c["name"]: ",".join(c["devices"][WHOLE_GPU]) for c in answer["containers"]}
     # the kubelet hands the init container's GPUs on in no set order; each app container gets
     # the one the kubelet accounts to it, and together they get exactly the record's two
     assert envs == kubelet
@@ -217,26 +237,25 @@ def test_mig_and_multi_container_pods_get_what_their_records_say(node: Node) -> 
 
 
 def test_a_pod_without_a_record_is_refused_admission(node: Node) -> None:
+    """A pod without a record is refused admission with the reason."""
     node.wait_for(FULL)
-    stranger = BoundPod(
-        pod("x", None, (ContainerDemand("main", ((WHOLE_GPU_RESOURCE, 1),)),)).ref,
-        0.0,
-        (ContainerDemand("main", ((WHOLE_GPU_RESOURCE, 1),)),),
-    )
+    stranger = BoundPod(pod("x", None, (app("main", WHOLE_GPU, 1),)).ref, 0.0, (app("main", WHOLE_GPU, 1),))
     answer = node.admit(stranger)
     assert not answer["ok"] and "no Linkpack allocation record" in answer["error"]
 
 
 def test_an_unhealthy_gpu_reduces_allocatable_and_recovers(node: Node) -> None:
+    """An unhealthy GPU lowers allocatable (with its MIG instances) until it recovers."""
     node.wait_for(FULL)
     node.plugins.set_unhealthy({uuid(0), mig_uuid(3, 0)})
-    answer = node.wait_for({WHOLE_GPU_RESOURCE: 2, SHARED_GPU_RESOURCE: 2 * UNITS, MIG: 1})
+    answer = node.wait_for({WHOLE_GPU: 2, SHARED_GPU: 2 * UNITS, MIG: 1})
     assert {k: answer["capacity"][k] for k in FULL} == FULL  # capacity stays, allocatable drops
     node.plugins.set_unhealthy(())
     node.wait_for(FULL)
 
 
 def test_after_a_kubelet_restart_the_plugins_register_again(node: Node) -> None:
+    """After a kubelet restart the plugins register again and serve pods."""
     node.wait_for(FULL)
     before = node.plugins.registrations
     assert node.kubelet.send("restart")["ok"]  # a new manager: every socket removed, kubelet.sock recreated
@@ -248,17 +267,18 @@ def test_after_a_kubelet_restart_the_plugins_register_again(node: Node) -> None:
 
 
 def test_pods_admitted_out_of_bind_order_end_with_records_matching_their_gpus(node: Node) -> None:
+    """Pods admitted out of bind order end with records matching the GPUs the kubelet gave them."""
     node.wait_for(FULL)
     first, second = pod("first", whole(0), bound_at=1), pod("second", whole(1), bound_at=2)
-    node.ledger.put(first)
+    node.store.put(first)
     # the kubelet admits the younger pod first: our guess (oldest bind) gives it first's GPU 0
     answer = node.admit(second)
     assert answer["ok"], answer
     assert answer["containers"][0]["envs"]["NVIDIA_VISIBLE_DEVICES"] == uuid(0)
 
-    assignments = KubeletPodResources(str(node.pod_resources)).list()
+    assignments = KubeletPodResources(str(node.pod_resources), node.broker.inventory.serves).list()
     assert [(a.pod, a.container, a.resource, a.device_ids) for a in assignments] == [
-        ("second", "main", WHOLE_GPU_RESOURCE, (uuid(0),))
+        ("second", "main", WHOLE_GPU, (uuid(0),))
     ]
     node.plugins.reconcile_now()  # the kubelet's account shows the swap; both records are rewritten
     assert node.broker.counters.swaps == 1
@@ -267,7 +287,36 @@ def test_pods_admitted_out_of_bind_order_end_with_records_matching_their_gpus(no
     assert answer["ok"], answer
     assert answer["containers"][0]["envs"]["NVIDIA_VISIBLE_DEVICES"] == uuid(1)
     for name, gpu in (("second", uuid(0)), ("first", uuid(1))):
-        record = decode_allocation(node.ledger.pod(f"uid-{name}").annotations[ALLOCATION_ANNOTATION])
+        record = decode_allocation(node.store.pod(f"uid-{name}").annotations[ALLOCATION_ANNOTATION])
         assert record.gpu_uuids == (gpu,), name
     node.plugins.reconcile_now()
     assert node.broker.counters.swaps == 1 and node.broker.counters.unresolved == 0
+
+
+def test_a_sidecar_keeps_its_gpu_beside_the_app_container(node: Node) -> None:
+    """The kubelet gives a 1-GPU sidecar and a 1-GPU app container one GPU each, and so does the record."""
+    node.wait_for(FULL)
+    pair = pod("pair", whole(0, 1), (sidecar("proxy", WHOLE_GPU, 1), app("main", WHOLE_GPU, 1)), bound_at=1)
+    answer = node.admit(pair)
+    assert answer["ok"], answer
+    envs = {c["name"]: c["envs"]["NVIDIA_VISIBLE_DEVICES"] for c in answer["containers"]}
+    kubelet = {c["name"]: ",".join(c["devices"][WHOLE_GPU]) for c in answer["containers"]}
+    assert envs == kubelet and {envs["proxy"], envs["main"]} == {uuid(0), uuid(1)}
+    assert node.broker.counters.id_mismatches == 0
+
+
+def test_a_plain_init_container_after_a_sidecar_runs_beside_it(node: Node) -> None:
+    """A 1-GPU sidecar before a 2-GPU init container takes 3 GPUs in the kubelet too, the init container none of the sidecar's."""
+    node.wait_for(FULL)
+    containers = (
+        sidecar("proxy", WHOLE_GPU, 1),
+        init("warm", WHOLE_GPU, 2),
+        ContainerDemand("main", ContainerRole.APP, ()),
+    )
+    answer = node.admit(pod("warmup", whole(0, 1, 2), containers, bound_at=1))
+    assert answer["ok"], answer
+    devices = {c["name"]: set(c["devices"].get(WHOLE_GPU, [])) for c in answer["containers"]}
+    visible = {c["name"]: c["envs"].get("NVIDIA_VISIBLE_DEVICES", "") for c in answer["containers"]}
+    assert visible["proxy"] == ",".join(sorted(devices["proxy"]))
+    assert set(visible["warm"].split(",")) == devices["warm"]
+    assert len(devices["warm"]) == 2 and not devices["warm"] & devices["proxy"]

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from node_agent.deviceplugin.inventory import (
-    SHARED_GPU_RESOURCE,
-    WHOLE_GPU_RESOURCE,
-    Inventory,
-    MigInstance,
-    NodeGpu,
-    mig_resource,
-)
-from node_agent.deviceplugin.ledger import BoundPod, ContainerDemand, PodRef
-from topology.allocation import ALLOCATION_ANNOTATION, Allocation, Enforcement, encode_allocation
+from contract.allocation import Allocation, Enforcement, encode_allocation
+from contract.keys import ALLOCATION_ANNOTATION
+from contract.pod_demand import ContainerDemand, ContainerRole, effective_amounts
+from contract.pods import PodRef
+from contract.resources import ResourceNames
+from node_agent.deviceplugin.inventory import Inventory, MigInstance, NodeGpu
+from node_agent.deviceplugin.record_store import BoundPod
 from topology.workload import GpuGrant
 
 GPU_MEMORY_MIB = 81920
 MIG_PROFILE = "1g.10gb"
+NAMES = ResourceNames()
+WHOLE_GPU = NAMES.whole
+SHARED_GPU = NAMES.shared_units
+MIG_GPU = NAMES.mig_resource(MIG_PROFILE)
 
 
 def uuid(i: int) -> str:
@@ -26,7 +27,9 @@ def mig_uuid(i: int, k: int) -> str:
     return f"MIG-{i:08d}-{k:04d}-0000-0000-000000000000"
 
 
-def inventory(gpus: int = 4, units_per_gpu: int = 100, mig_gpus: tuple[int, ...] = ()) -> Inventory:
+def inventory(
+    gpus: int = 4, units_per_gpu: int = 100, mig_gpus: tuple[int, ...] = (), names: ResourceNames = NAMES
+) -> Inventory:
     return Inventory(
         tuple(
             NodeGpu(
@@ -42,6 +45,7 @@ def inventory(gpus: int = 4, units_per_gpu: int = 100, mig_gpus: tuple[int, ...]
             for i in range(gpus)
         ),
         units_per_gpu,
+        names,
     )
 
 
@@ -55,6 +59,18 @@ def share(index: int, memory_mib: int, units: int) -> tuple[GpuGrant, ...]:
 
 def mig(index: int, k: int) -> tuple[GpuGrant, ...]:
     return (GpuGrant(index, uuid(index), whole=False, mig_uuid=mig_uuid(index, k)),)
+
+
+def app(name: str, resource: str, amount: int) -> ContainerDemand:
+    return ContainerDemand(name, ContainerRole.APP, ((resource, amount),))
+
+
+def init(name: str, resource: str, amount: int) -> ContainerDemand:
+    return ContainerDemand(name, ContainerRole.INIT, ((resource, amount),))
+
+
+def sidecar(name: str, resource: str, amount: int) -> ContainerDemand:
+    return ContainerDemand(name, ContainerRole.SIDECAR, ((resource, amount),))
 
 
 def enforcement_of(grants: tuple[GpuGrant, ...]) -> Enforcement:
@@ -72,30 +88,24 @@ def pod(
     generation: int = 1,
     resource: str | None = None,
     amount: int | None = None,
+    enforcement: Enforcement | None = None,
 ) -> BoundPod:
-    """A pod bound to the node. Without `containers`, one container asks for what the grants give."""
+    """A pod bound to the node. Without `containers`, one container asks for what the grants give;
+    the record grants the pod's effective request (the contract's rule)."""
     if containers is None:
         if grants is None:
             raise ValueError("give grants or containers")
         resource = resource or _resource_of(grants)
         amount = amount if amount is not None else _amount_of(grants)
-        containers = (ContainerDemand("main", ((resource, amount),)),)
+        containers = (app("main", resource, amount),)
     annotations: dict[str, str] = {}
     if grants is not None:
-        names = {r for c in containers for r, _ in c.resources}
-        totals = {
-            r: max(
-                max((c.amount(r) for c in containers if c.init), default=0),
-                sum(c.amount(r) for c in containers if not c.init),
-            )
-            for r in names
-        }
         record = Allocation(
             node="node-a",
             grants=grants,
             generation=generation,
-            enforcement=enforcement_of(grants),
-            resources=tuple(sorted(totals.items())),
+            enforcement=enforcement or enforcement_of(grants),
+            resources=tuple(sorted(effective_amounts(containers).items())),
         )
         annotations[ALLOCATION_ANNOTATION] = encode_allocation(record)
     return BoundPod(PodRef("default", name, f"uid-{name}"), bound_at, containers, annotations)
@@ -103,8 +113,8 @@ def pod(
 
 def _resource_of(grants: tuple[GpuGrant, ...]) -> str:
     if grants[0].mig_uuid:
-        return mig_resource(MIG_PROFILE)
-    return WHOLE_GPU_RESOURCE if grants[0].whole else SHARED_GPU_RESOURCE
+        return MIG_GPU
+    return WHOLE_GPU if grants[0].whole else SHARED_GPU
 
 
 def _amount_of(grants: tuple[GpuGrant, ...]) -> int:

@@ -1,7 +1,7 @@
 """A stand-in for the `pynvml` module: the same call names, errors with NVML codes, scripted faults.
 
 `FakePynvml.fail[name] = code` makes that call raise `NVMLError(code)`; an exception instance
-is raised as is. Only what `node_agent.nvml_pynvml` calls is implemented.
+is raised as is. Only what `node_agent.sources.nvml_pynvml` calls is implemented.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Catalog machines with their `topo -m` text, a recording cluster fake and a settable clock."""
+"""Catalog machines with their `topo -m` text, a recording `NodeApi` fake and a settable clock."""
 
 from __future__ import annotations
 
@@ -7,8 +7,16 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from node_agent.kube import AgentEvent, KubeConflict, KubeError, KubeNotFound, PodInfo, TopologyRecord
+from contract.gpu_topology import (
+    PublishedTopology,
+    TopologyStatus,
+    decode_gpu_topology,
+    encode_status,
+    topology_object,
+)
+from node_agent.kube import AgentEvent, KubeConflict, KubeError, KubeNotFound, PodInfo
 from topology.catalog import MACHINES, load_machine, topo_dir
+from topology.codec import content_hash
 from topology.model import NodeTopology
 
 
@@ -21,18 +29,21 @@ def machine(name: str) -> NodeTopology:
     return load_machine(name)
 
 
-class FakeCluster:
-    """`ClusterApi` in memory, recording every write; `fail_next` makes the next call fail.
+class FakeNodeApi:
+    """`NodeApi` in memory, recording every write; `fail_next` makes the next call fail.
 
-    Pod annotation patches check the resourceVersion precondition like the API server and bump
-    it; `before_pod_patch` runs first (to play a concurrent writer).
+    The GpuTopology goes through the contract's encoders and decoder as over the real API:
+    `spec` is the encoded spec, `status` the encoded status (as JSON), `published` the decoded
+    status. Pod annotation patches check the resourceVersion precondition like the API server
+    and bump it; `before_pod_patch` runs first (to play a concurrent writer).
     """
 
     def __init__(self, node: str = "n1") -> None:
         self.node_annotations: dict[str, str] = {}
-        self.record: dict[str, Any] | None = None
-        self.record_hash = ""
+        self.spec: dict[str, Any] | None = None
+        self.spec_hash = ""
         self.status: dict[str, Any] = {}
+        self.published: TopologyStatus | None = None
         self.pods: list[PodInfo] = []
         self.events: list[AgentEvent] = []
         self.spec_writes = 0
@@ -59,21 +70,27 @@ class FakeCluster:
             else:
                 self.node_annotations[k] = v
 
-    def get_topology(self, node: str) -> TopologyRecord | None:
+    def get_topology(self, node: str) -> PublishedTopology | None:
         self._maybe_fail("get topology")
-        if self.record is None:
+        if self.spec is None:
             return None
-        return TopologyRecord(node, self.record, self.status, self.record_hash, "1")
+        obj = {
+            "metadata": {"name": node, "resourceVersion": "1"},
+            "spec": self.spec,
+            "status": self.status or None,
+        }
+        return decode_gpu_topology(obj)
 
-    def put_topology_spec(self, node: str, spec: Mapping[str, Any], content_hash: str) -> None:
+    def put_topology_spec(self, node: str, topology: NodeTopology) -> None:
         self._maybe_fail("put spec")
-        self.record = dict(spec)
-        self.record_hash = content_hash
+        self.spec = dict(topology_object(node, topology)["spec"])
+        self.spec_hash = content_hash(topology)
         self.spec_writes += 1
 
-    def patch_topology_status(self, node: str, status: Mapping[str, Any]) -> None:
+    def patch_topology_status(self, node: str, status: TopologyStatus) -> None:
         self._maybe_fail("patch status")
-        self.status = dict(status)
+        self.status = encode_status(status)
+        self.published = status
         self.status_writes += 1
 
     def list_node_pods(self, node: str) -> tuple[PodInfo, ...]:

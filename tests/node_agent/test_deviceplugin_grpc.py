@@ -18,28 +18,28 @@ from node_agent.deviceplugin._generated import deviceplugin_pb2 as api
 from node_agent.deviceplugin._generated import deviceplugin_pb2_grpc as api_grpc
 from node_agent.deviceplugin.broker import AllocationBroker
 from node_agent.deviceplugin.container_spec import SharingConfig
-from node_agent.deviceplugin.inventory import SHARED_GPU_RESOURCE, WHOLE_GPU_RESOURCE, share_unit_id
-from node_agent.deviceplugin.ledger import InMemoryPodLedger
+from node_agent.deviceplugin.inventory import share_unit_id
+from node_agent.deviceplugin.record_store import InMemoryPodRecords
 from node_agent.deviceplugin.server import DevicePlugins, PluginConfig, start_device_plugins
 
-from .builders import inventory, pod, share, uuid, whole
+from .builders import SHARED_GPU, WHOLE_GPU, inventory, pod, share, uuid, whole
 from .fake_kubelet import FakeKubelet, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-def ledger() -> InMemoryPodLedger:
-    return InMemoryPodLedger(
+def store() -> InMemoryPodRecords:
+    return InMemoryPodRecords(
         [pod("train", whole(2, 3), bound_at=1), pod("infer", share(1, 20480, 1), bound_at=2)]
     )
 
 
 @pytest.fixture
-def running(plugin_dir: Path, ledger: InMemoryPodLedger) -> Iterator[tuple[FakeKubelet, DevicePlugins]]:
+def running(plugin_dir: Path, store: InMemoryPodRecords) -> Iterator[tuple[FakeKubelet, DevicePlugins]]:
     kubelet = FakeKubelet(plugin_dir)
     kubelet.start()
-    broker = AllocationBroker(inventory(4, units_per_gpu=4), ledger, SharingConfig(shim_host_dir="/srv/shim"))
+    broker = AllocationBroker(inventory(4, units_per_gpu=4), store, SharingConfig(shim_host_dir="/srv/shim"))
     config = PluginConfig(plugin_dir=str(plugin_dir), pod_resources_socket=None, poll_interval_s=0.05)
     plugins = start_device_plugins(broker, config)
     wait_until(lambda: len(kubelet.registered) == 2)
@@ -55,10 +55,11 @@ def stub(plugin_dir: Path, resource: str) -> tuple[grpc.Channel, api_grpc.Device
 
 
 def test_each_resource_registers_with_version_endpoint_and_options(running, plugin_dir: Path) -> None:
+    """Each resource registers with the API version, its own socket and the preferred-allocation option."""
     kubelet, _ = running
     by_resource = {r.resource_name: r for r in kubelet.registered}
-    assert set(by_resource) == {WHOLE_GPU_RESOURCE, SHARED_GPU_RESOURCE}
-    request = by_resource[WHOLE_GPU_RESOURCE]
+    assert set(by_resource) == {WHOLE_GPU, SHARED_GPU}
+    request = by_resource[WHOLE_GPU]
     assert request.version == "v1beta1"
     assert request.endpoint == "linkpack-nvidia.com_gpu.sock" and "/" not in request.endpoint
     assert (plugin_dir / request.endpoint).is_socket()
@@ -67,8 +68,9 @@ def test_each_resource_registers_with_version_endpoint_and_options(running, plug
 
 
 def test_list_and_watch_streams_devices_and_health_changes(running, plugin_dir: Path) -> None:
+    """ListAndWatch sends the devices and then every health change."""
     _, plugins = running
-    channel, client = stub(plugin_dir, SHARED_GPU_RESOURCE)
+    channel, client = stub(plugin_dir, SHARED_GPU)
     with channel:
         stream = client.ListAndWatch(api.Empty(), timeout=10)
         first = next(stream)
@@ -83,8 +85,9 @@ def test_list_and_watch_streams_devices_and_health_changes(running, plugin_dir: 
         stream.cancel()
 
 
-def test_preferred_allocation_and_allocate_follow_the_record(running, plugin_dir: Path, ledger) -> None:
-    channel, client = stub(plugin_dir, WHOLE_GPU_RESOURCE)
+def test_preferred_allocation_and_allocate_follow_the_record(running, plugin_dir: Path, store) -> None:
+    """GetPreferredAllocation and Allocate both follow the record, and the consumption is written back."""
+    channel, client = stub(plugin_dir, WHOLE_GPU)
     with channel:
         preferred = client.GetPreferredAllocation(
             api.PreferredAllocationRequest(
@@ -106,11 +109,12 @@ def test_preferred_allocation_and_allocate_follow_the_record(running, plugin_dir
     (container,) = answer.container_responses
     assert container.envs["NVIDIA_VISIBLE_DEVICES"] == f"{uuid(2)},{uuid(3)}"
     assert container.envs["LINKPACK_ENFORCEMENT"] == "none"
-    assert "linkpack.io/consumed" in ledger.pod("uid-train").annotations
+    assert "linkpack.io/consumed" in store.pod("uid-train").annotations
 
 
 def test_a_share_gets_its_caps_and_the_shim_mount(running, plugin_dir: Path) -> None:
-    channel, client = stub(plugin_dir, SHARED_GPU_RESOURCE)
+    """A cooperative share gets Linkpack's caps and the shim mount, without MPS variables."""
+    channel, client = stub(plugin_dir, SHARED_GPU)
     with channel:
         answer = client.Allocate(
             api.AllocateRequest(
@@ -119,16 +123,18 @@ def test_a_share_gets_its_caps_and_the_shim_mount(running, plugin_dir: Path) -> 
             timeout=5,
         )
     container = answer.container_responses[0]
-    assert container.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
+    assert container.envs["LINKPACK_ENFORCEMENT"] == "cooperative"
+    assert container.envs["LINKPACK_MEMORY_LIMIT_MIB"] == "20480"
     assert container.envs["LINKPACK_MEMORY_FRACTION"] == "0.25"
-    assert container.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in container.envs  # the record says cooperative
     assert [(m.container_path, m.host_path, m.read_only) for m in container.mounts] == [
         ("/opt/linkpack/shim", "/srv/shim", True)
     ]
 
 
 def test_a_request_no_record_fits_is_refused_with_a_reason(running, plugin_dir: Path) -> None:
-    channel, client = stub(plugin_dir, WHOLE_GPU_RESOURCE)
+    """An Allocate no record fits is refused with FAILED_PRECONDITION and a reason."""
+    channel, client = stub(plugin_dir, WHOLE_GPU)
     with channel, pytest.raises(grpc.RpcError) as refused:
         client.Allocate(
             api.AllocateRequest(container_requests=[api.ContainerAllocateRequest(devices_ids=[uuid(0)])]),
@@ -139,7 +145,8 @@ def test_a_request_no_record_fits_is_refused_with_a_reason(running, plugin_dir: 
 
 
 def test_pre_start_container_is_a_no_op(running, plugin_dir: Path) -> None:
-    channel, client = stub(plugin_dir, WHOLE_GPU_RESOURCE)
+    """PreStartContainer answers and does nothing."""
+    channel, client = stub(plugin_dir, WHOLE_GPU)
     with channel:
         assert (
             client.PreStartContainer(api.PreStartContainerRequest(devices_ids=[uuid(0)]), timeout=5)
@@ -150,20 +157,22 @@ def test_pre_start_container_is_a_no_op(running, plugin_dir: Path) -> None:
 def test_a_kubelet_restart_makes_the_plugins_recreate_their_sockets_and_register_again(
     running, plugin_dir: Path
 ) -> None:
+    """After a kubelet restart the plugins recreate their sockets and register again."""
     kubelet, plugins = running
     kubelet.restart()
     wait_until(lambda: len(kubelet.registered) == 4)
-    assert {r.resource_name for r in kubelet.registered[2:]} == {WHOLE_GPU_RESOURCE, SHARED_GPU_RESOURCE}
+    assert {r.resource_name for r in kubelet.registered[2:]} == {WHOLE_GPU, SHARED_GPU}
     wait_until(
         lambda: all((plugin_dir / PluginConfig().socket_name(r)).is_socket() for r in plugins.resources)
     )
-    channel, client = stub(plugin_dir, WHOLE_GPU_RESOURCE)
+    channel, client = stub(plugin_dir, WHOLE_GPU)
     with channel:
         assert next(client.ListAndWatch(api.Empty(), timeout=5)).devices
 
 
-def test_plugins_wait_for_the_kubelet_socket_to_appear(plugin_dir: Path, ledger) -> None:
-    broker = AllocationBroker(inventory(2), ledger)
+def test_plugins_wait_for_the_kubelet_socket_to_appear(plugin_dir: Path, store) -> None:
+    """The plugins serve at once and register as soon as the kubelet socket appears."""
+    broker = AllocationBroker(inventory(2), store)
     config = PluginConfig(plugin_dir=str(plugin_dir), pod_resources_socket=None, poll_interval_s=0.05)
     plugins = start_device_plugins(broker, config)
     kubelet = FakeKubelet(plugin_dir)
@@ -178,10 +187,11 @@ def test_plugins_wait_for_the_kubelet_socket_to_appear(plugin_dir: Path, ledger)
     assert not any(plugin_dir.glob("linkpack-*.sock"))
 
 
-def test_concurrent_allocates_over_grpc_hand_out_each_record_once(running, plugin_dir: Path, ledger) -> None:
+def test_concurrent_allocates_over_grpc_hand_out_each_record_once(running, plugin_dir: Path, store) -> None:
+    """Concurrent Allocate calls over gRPC hand out each record once."""
     for i in range(6):
-        ledger.put(pod(f"one{i}", whole(i % 2), bound_at=10 + i))
-    channel, client = stub(plugin_dir, WHOLE_GPU_RESOURCE)
+        store.put(pod(f"one{i}", whole(i % 2), bound_at=10 + i))
+    channel, client = stub(plugin_dir, WHOLE_GPU)
     outcomes: list[str] = []
     lock = threading.Lock()
 

@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 import pytest
 
-from node_agent.discovery import (
+from node_agent.sources.discovery import (
     SOURCE_TOPO,
     DiscoveryError,
     NvmlSnapshot,
@@ -16,7 +16,7 @@ from node_agent.discovery import (
     merge,
     read_nvml,
 )
-from node_agent.nvml_simulated import SimulatedNvml
+from node_agent.sources.nvml_simulated import SimulatedNvml
 from tests.node_agent.machines import machine, topo_text
 from topology.model import GpuLink, LinkKind, MigDevice, MigMode
 
@@ -29,6 +29,7 @@ def _links(topology):
 
 @pytest.mark.parametrize("name", ["dgx-a100", "hgx-h100", "dgx1-v100"])
 def test_nvml_and_topo_agree_on_real_machines(name):
+    """On every catalog machine NVML and `topo -m` agree, so discovery warns of nothing."""
     topo = machine(name)
     found = discover(SimulatedNvml(topo), topo_text(name))
     assert found.warnings == ()
@@ -43,6 +44,7 @@ def test_nvml_and_topo_agree_on_real_machines(name):
 
 
 def test_nics_come_from_topo_and_numa_from_nvml():
+    """NICs come from `topo -m` and NUMA placement from NVML."""
     found = discover(SimulatedNvml(machine("dgx-a100")), topo_text("dgx-a100"))
     assert found.sources["nics"] == SOURCE_TOPO
     assert [n.name for n in found.topology.nics] == [f"mlx5_{i}" for i in range(10)]
@@ -52,6 +54,7 @@ def test_nics_come_from_topo_and_numa_from_nvml():
 
 
 def test_nvml_alone_has_everything_but_nics():
+    """NVML alone gives every fact except the NICs."""
     found = discover(SimulatedNvml(machine("dgx-a100")), None)
     assert found.topology.nics == ()
     assert "nics" not in found.sources
@@ -59,6 +62,7 @@ def test_nvml_alone_has_everything_but_nics():
 
 
 def test_topo_alone_is_used_when_there_is_no_nvml():
+    """Without NVML, `topo -m` and the hints give the whole topology."""
     found = discover(None, topo_text("dgx1-v100"), model_hint="Tesla V100-SXM2-32GB", memory_hint_mib=32768)
     assert set(found.sources.values()) == {SOURCE_TOPO}
     assert _links(found.topology) == _links(machine("dgx1-v100"))
@@ -67,11 +71,13 @@ def test_topo_alone_is_used_when_there_is_no_nvml():
 
 
 def test_no_source_at_all_is_an_error():
+    """Without NVML and without `topo -m`, discovery fails with a DiscoveryError."""
     with pytest.raises(DiscoveryError, match="no GPU information"):
         discover(None, None)
 
 
 def test_when_sources_disagree_nvml_wins_and_a_warning_names_the_pair():
+    """When the sources disagree on a link NVML wins and a warning names the GPU pair."""
     truth = machine("dgx1-v100")
     drifted = replace(
         truth,
@@ -88,6 +94,7 @@ def test_when_sources_disagree_nvml_wins_and_a_warning_names_the_pair():
 
 
 def test_gpu_count_mismatch_ignores_topo():
+    """A `topo -m` matrix with another GPU count is ignored, with a warning."""
     topo = machine("hgx-h100")
     four = replace(topo, gpus=topo.gpus[:4], gpu_links=tuple(lk for lk in topo.gpu_links if lk.b < 4))
     found = discover(SimulatedNvml(four), topo_text("hgx-h100"))
@@ -97,12 +104,14 @@ def test_gpu_count_mismatch_ignores_topo():
 
 
 def test_garbage_topo_output_is_a_warning_not_a_failure():
+    """Unparseable `topo -m` output is a warning, not a failure."""
     found = discover(SimulatedNvml(machine("hgx-h100")), "this is not a matrix\n")
     assert found.topology.gpu_count == 8
     assert any("output unusable" in w for w in found.warnings)
 
 
 def test_a_down_nvlink_is_seen_from_both_ends_and_the_smaller_count_wins():
+    """A down NVLink is counted from both ends and the smaller count wins."""
     sim = SimulatedNvml(machine("dgx1-v100"))
     sim.set_nvlink_active(0, 0, False)  # link 0 of GPU0 goes to GPU1 (NV2)
     found = discover(sim, None)
@@ -111,6 +120,7 @@ def test_a_down_nvlink_is_seen_from_both_ends_and_the_smaller_count_wins():
 
 
 def test_unreadable_nvlinks_let_topo_settle_the_pair():
+    """Pairs whose NVLinks NVML cannot read are settled by `topo -m`."""
     snapshot = read_nvml(SimulatedNvml(machine("dgx1-v100")))
     blind = replace(snapshot, nvlinks=(None,) * 8, nvlink_p2p=MappingProxyType({}))
     links = links_from_nvml(blind)
@@ -121,6 +131,7 @@ def test_unreadable_nvlinks_let_topo_settle_the_pair():
 
 
 def test_p2p_over_nvlink_without_link_details_is_unsettled():
+    """NVLink P2P without link details leaves the pair for `topo -m` to settle."""
     snapshot = read_nvml(SimulatedNvml(machine("dgx1-v100")))
     blind = replace(snapshot, nvlinks=((),) * 8)  # no link enumeration, but P2P NVLINK still OK
     links = links_from_nvml(blind)
@@ -130,7 +141,8 @@ def test_p2p_over_nvlink_without_link_details_is_unsettled():
 
 
 def test_mig_devices_come_from_nvml():
-    from node_agent.nvml_reader import MigInfo
+    """MIG mode and instances come from NVML."""
+    from node_agent.sources.nvml_reader import MigInfo
 
     sim = SimulatedNvml(machine("dgx-a100"))
     sim.set_mig(2, MigInfo(MigMode.ENABLED, (MigDevice("MIG-a", "3g.20gb", 1, 0, 19968),)))
@@ -140,6 +152,7 @@ def test_mig_devices_come_from_nvml():
 
 
 def test_a_gpu_that_cannot_be_named_falls_back_to_topo():
+    """When NVML cannot name every GPU, discovery falls back to `topo -m`."""
     sim = SimulatedNvml(machine("hgx-h100"))
     sim.set_gpu_lost(5)
     found = discover(sim, topo_text("hgx-h100"), model_hint="H100")
@@ -148,6 +161,7 @@ def test_a_gpu_that_cannot_be_named_falls_back_to_topo():
 
 
 def test_snapshot_is_plain_data():
+    """The NVML snapshot is plain data, with every pair's level read once."""
     snapshot = read_nvml(SimulatedNvml(machine("hgx-h100")))
     assert isinstance(snapshot, NvmlSnapshot)
     assert len(snapshot.levels) == 28 and len(snapshot.identities) == 8

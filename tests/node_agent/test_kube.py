@@ -9,25 +9,24 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from contract.gpu_topology import TopologyStatus, encode_status, topology_object
+from contract.keys import GROUP, TOPOLOGY_HASH_ANNOTATION, TOPOLOGY_PLURAL, TOPOLOGY_VERSION
+from contract.resources import ResourceNames
 from node_agent.kube import (
-    GROUP,
-    HASH_ANNOTATION,
-    MERGE_PATCH,
-    PLURAL,
-    VERSION,
     AgentEvent,
     KubeConflict,
     KubeError,
     KubeNotFound,
-    KubernetesClusterApi,
     event_body,
-    extended_requests,
-    kube_error,
     pod_from_dict,
     rfc3339,
-    topology_object,
 )
+from node_agent.kube_client import MERGE_PATCH, KubernetesNodeApi, kube_error
+from tests.node_agent.builders import app
+from tests.node_agent.machines import machine
+from topology.codec import content_hash
 
+NAMES = ResourceNames()
 POD = {
     "metadata": {
         "name": "train-0",
@@ -42,11 +41,11 @@ POD = {
         "containers": [
             {
                 "name": "main",
-                "resources": {"requests": {"linkpack.io/gpu": "2", "cpu": "4", "memory": "8Gi"}},
+                "resources": {"requests": {"nvidia.com/gpu": "2", "cpu": "4", "memory": "8Gi"}},
             },
             {
                 "name": "side",
-                "resources": {"limits": {"linkpack.io/gpu-memory": "1k", "nvidia.com/gpu": "1"}},
+                "resources": {"limits": {"nvidia.com/gpu.memory": "1k", "nvidia.com/gpu.shared": "1"}},
             },
         ],
     },
@@ -54,8 +53,9 @@ POD = {
 }
 
 
-def test_pod_translation_keeps_extended_requests_only():
-    pod = pod_from_dict(POD)
+def test_pod_translation_reads_only_the_resources_asked_for():
+    """A pod's containers are read for our resources only, quantities parsed by the contract."""
+    pod = pod_from_dict(POD, NAMES.managed)
     assert (pod.namespace, pod.name, pod.uid, pod.resource_version, pod.node_name) == (
         "ml",
         "train-0",
@@ -64,27 +64,42 @@ def test_pod_translation_keeps_extended_requests_only():
         "n1",
     )
     assert pod.annotations["linkpack.io/allocation"] == "{}"
-    assert pod.containers[0].resources == (("linkpack.io/gpu", 2),)
-    assert pod.containers[1].resources == (("linkpack.io/gpu-memory", 1000), ("nvidia.com/gpu", 1))
-    assert pod.requested("linkpack.io/gpu") == 2
+    assert pod.demands[0] == app("main", "nvidia.com/gpu", 2)
+    assert [d.amounts for d in pod.demands] == [
+        (("nvidia.com/gpu", 2),),
+        (("nvidia.com/gpu.memory", 1000), ("nvidia.com/gpu.shared", 1)),
+    ]
     assert pod.created == dt.datetime(2024, 5, 1, 10, tzinfo=dt.UTC)
-    assert not pod.finished
+    assert not pod.finished and pod.spec_problem == ""
 
 
-def test_requests_win_over_limits_and_odd_quantities_are_skipped():
-    assert extended_requests({"limits": {"a.io/x": "4"}, "requests": {"a.io/x": "2"}}) == (("a.io/x", 2),)
-    assert extended_requests({"requests": {"a.io/x": "0.5", "kubernetes.io/y": "1"}}) == ()
+def test_requests_win_over_limits_and_bad_quantities_are_a_spec_problem_not_a_crash():
+    """Requests win over limits; a fractional GPU makes the pod ask for nothing, with the reason kept."""
+
+    def pod(resources):
+        return pod_from_dict({"spec": {"containers": [{"name": "c", "resources": resources}]}}, NAMES.managed)
+
+    assert pod({"limits": {"nvidia.com/gpu": "4"}, "requests": {"nvidia.com/gpu": "2"}}).demands[
+        0
+    ].amounts == (("nvidia.com/gpu", 2),)
+    bad = pod({"requests": {"nvidia.com/gpu": "0.5"}})
+    assert bad.demands == () and "nvidia.com/gpu" in bad.spec_problem
+    assert pod({"requests": {"example.com/other": "0.5"}}).spec_problem == ""
 
 
-def test_topology_object_is_named_after_the_node_and_carries_the_hash():
-    obj = topology_object("n1", {"gpus": []}, "abc", resource_version="5")
-    assert obj["apiVersion"] == "linkpack.io/v1alpha1" and obj["kind"] == "GpuTopology"
-    assert obj["metadata"]["name"] == "n1" and obj["metadata"]["resourceVersion"] == "5"
-    assert obj["metadata"]["annotations"][HASH_ANNOTATION] == "abc"
-    assert "status" not in obj
+def test_the_spec_is_written_as_the_contracts_object_named_after_the_node():
+    """The GpuTopology written is the contract's object, named after the node, with its content hash."""
+    topology = machine("dgx1-v100")
+    api = _api(custom={"get_cluster_custom_object": [ApiException(status=404)]})
+    api.put_topology_spec("n1", topology)
+    name, args, _ = api._custom.calls[-1]
+    assert name == "create_cluster_custom_object" and args[3] == topology_object("n1", topology)
+    assert args[3]["metadata"]["annotations"][TOPOLOGY_HASH_ANNOTATION] == content_hash(topology)
+    assert args[3]["apiVersion"] == "linkpack.io/v1alpha1" and args[3]["kind"] == "GpuTopology"
 
 
 def test_event_body_is_accepted_by_the_client_model():
+    """An event body is accepted by the client's model, with the involved object and type set right."""
     now = dt.datetime(2024, 5, 1, 10, 0, 0, tzinfo=dt.UTC)
     body = event_body(AgentEvent("GpuUnhealthy", "GPU 3 XID 79", "Node", "n1", warning=True), "n1", now)
     assert body["type"] == "Warning" and body["metadata"]["namespace"] == "default"
@@ -113,6 +128,7 @@ def test_event_body_is_accepted_by_the_client_model():
     ],
 )
 def test_client_errors_become_ours(exc, kind):
+    """Client failures become KubeConflict, KubeNotFound or KubeError by their HTTP status."""
     err = kube_error("patch node n1", exc)
     assert type(err) is kind and "patch node n1" in str(err)
 
@@ -136,28 +152,32 @@ class _Recorder:
 
 
 def _api(core: dict[str, list[Any]] | None = None, custom: dict[str, list[Any]] | None = None):
-    api = KubernetesClusterApi(client.ApiClient(), "n1")
+    api = KubernetesNodeApi(client.ApiClient(), "n1")
     api._core = _Recorder(core or {})  # type: ignore[assignment]
     api._custom = _Recorder(custom or {})  # type: ignore[assignment]
     return api
 
 
 def test_put_spec_creates_then_replaces_with_the_resource_version():
+    """The spec is created when absent, and replaced over the resourceVersion it was read at."""
+    topology = machine("dgx1-v100")
     api = _api(custom={"get_cluster_custom_object": [ApiException(status=404)]})
-    api.put_topology_spec("n1", {"gpus": []}, "h1")
+    api.put_topology_spec("n1", topology)
     assert [c[0] for c in api._custom.calls] == ["get_cluster_custom_object", "create_cluster_custom_object"]
     existing = {
-        "metadata": {"name": "n1", "resourceVersion": "9", "annotations": {HASH_ANNOTATION: "h1"}},
-        "spec": {},
+        "metadata": {"name": "n1", "resourceVersion": "9", "annotations": {TOPOLOGY_HASH_ANNOTATION: "h1"}},
+        "spec": {"not": "a topology"},  # a malformed object is replaced all the same
     }
     api = _api(custom={"get_cluster_custom_object": [existing]})
-    api.put_topology_spec("n1", {"gpus": []}, "h2")
+    api.put_topology_spec("n1", topology)
     name, args, _ = api._custom.calls[-1]
     assert name == "replace_cluster_custom_object"
-    assert args[:4] == (GROUP, VERSION, PLURAL, "n1") and args[4]["metadata"]["resourceVersion"] == "9"
+    assert args[:4] == (GROUP, TOPOLOGY_VERSION, TOPOLOGY_PLURAL, "n1")
+    assert args[4]["metadata"]["resourceVersion"] == "9"
 
 
 def test_put_spec_retries_on_conflict_then_gives_up():
+    """Writing the spec retries on conflicts and gives up after three."""
     conflict = ApiException(status=409, reason="Conflict")
     api = _api(
         custom={
@@ -166,14 +186,17 @@ def test_put_spec_retries_on_conflict_then_gives_up():
         }
     )
     with pytest.raises(KubeConflict, match="after 3 attempts"):
-        api.put_topology_spec("n1", {}, "h")
+        api.put_topology_spec("n1", machine("dgx1-v100"))
 
 
 def test_status_and_annotations_use_merge_patches():
+    """The status and pod annotations are written as merge patches, the status encoded by the contract."""
     api = _api()
-    api.patch_topology_status("n1", {"heartbeat": "t"})
+    status = TopologyStatus(gpu_count=8, agent_version="1.0", heartbeat="2024-05-01T10:00:00Z")
+    api.patch_topology_status("n1", status)
     name, args, kwargs = api._custom.calls[0]
-    assert name == "patch_cluster_custom_object_status" and args[-1] == {"status": {"heartbeat": "t"}}
+    assert name == "patch_cluster_custom_object_status" and args[-1] == {"status": encode_status(status)}
+    assert args[-1]["status"]["gpuCount"] == 8
     assert kwargs["_content_type"] == MERGE_PATCH
     api.patch_pod_annotations("ml", "p", {"a": "1", "b": None}, "812")
     name, args, kwargs = api._core.calls[0]
@@ -182,12 +205,14 @@ def test_status_and_annotations_use_merge_patches():
 
 
 def test_pod_annotation_conflict_is_a_kube_conflict():
+    """A conflicting pod annotation patch is a KubeConflict."""
     api = _api(core={"patch_namespaced_pod": [ApiException(status=409, reason="Conflict")]})
     with pytest.raises(KubeConflict):
         api.patch_pod_annotations("ml", "p", {"a": "1"}, "1")
 
 
 def test_listing_pods_uses_the_node_field_selector_and_translates():
+    """Listing pods selects this node's pods and translates them."""
     api = _api(core={"list_pod_for_all_namespaces": [{"items": [POD]}]})
     pods = api.list_node_pods("n1")
     assert pods[0].name == "train-0"
@@ -195,14 +220,28 @@ def test_listing_pods_uses_the_node_field_selector_and_translates():
 
 
 def test_missing_topology_is_none_and_other_errors_raise():
+    """A missing GpuTopology is None; a forbidden or malformed one is a KubeError."""
     assert _api(custom={"get_cluster_custom_object": [ApiException(status=404)]}).get_topology("n1") is None
     with pytest.raises(KubeError, match="HTTP 403"):
         _api(
             custom={"get_cluster_custom_object": [ApiException(status=403, reason="Forbidden")]}
         ).get_topology("n1")
+    malformed = {**topology_object("n1", machine("dgx1-v100")), "status": {"gpuCount": -1}}
+    with pytest.raises(KubeError, match="gpuCount"):
+        _api(custom={"get_cluster_custom_object": [malformed]}).get_topology("n1")
+
+
+def test_an_existing_topology_is_decoded_by_the_contract():
+    """The GpuTopology read back is the contract's PublishedTopology, with its status."""
+    topology = machine("dgx1-v100")
+    obj = {**topology_object("n1", topology, "7"), "status": encode_status(TopologyStatus(gpu_count=8))}
+    found = _api(custom={"get_cluster_custom_object": [obj]}).get_topology("n1")
+    assert found is not None and found.content_hash == content_hash(topology)
+    assert found.status.gpu_count == 8 and found.resource_version == "7"
 
 
 def test_events_are_sent_as_client_models():
+    """Events are sent as client models into the default namespace."""
     api = _api()
     api.emit_event(AgentEvent("GpuRecovered", "GPU 1 back", "Node", "n1"))
     name, args, _ = api._core.calls[0]
@@ -211,12 +250,14 @@ def test_events_are_sent_as_client_models():
 
 
 def test_bad_kubeconfig_is_a_kube_error(tmp_path):
+    """A kubeconfig that cannot be loaded is a KubeError."""
     missing = tmp_path / "nope"
     with pytest.raises(KubeError, match="cannot load Kubernetes credentials"):
-        KubernetesClusterApi.from_config("n1", str(missing))
+        KubernetesNodeApi.from_config("n1", str(missing))
 
 
 def test_get_pod_reads_one_pod_and_a_missing_one_is_none():
+    """Reading one pod gives it, a missing one gives None, and other failures raise."""
     api = _api(core={"read_namespaced_pod": [POD, ApiException(status=404, reason="Not Found")]})
     pod = api.get_pod("ml", "train-0")
     assert pod is not None and pod.uid == "u-1" and pod.resource_version == "812"

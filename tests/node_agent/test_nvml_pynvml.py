@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from node_agent.nvml_pynvml import PynvmlReader
-from node_agent.nvml_reader import (
+from node_agent.sources.nvml_pynvml import PynvmlReader
+from node_agent.sources.nvml_reader import (
     EventKind,
     NvmlError,
     NvmlReadError,
@@ -73,6 +73,7 @@ def reader(fake, tmp_path) -> PynvmlReader:
 
 
 def test_mask_and_bus_id_helpers():
+    """CPU masks become cpulists, NUMA masks their lowest bit, and bus ids compare in one spelling."""
     assert cpulist_from_mask_words([0b1101_0000_1111, 1 << 63, 1]) == "0-3,8,10-11,127-128"
     assert cpulist_from_mask_words([0, 0]) == ""
     assert lowest_set_bit([0, 0b1000]) == 67 and lowest_set_bit([0]) is None
@@ -80,6 +81,7 @@ def test_mask_and_bus_id_helpers():
 
 
 def test_identity_and_affinity_are_translated(reader):
+    """Identity and affinity come back in our types, with bytes and cpulists as NVML reports them."""
     d = reader.identity(0)
     assert (d.uuid, d.name, d.pci_bus_id) == (
         "GPU-aaaaaaaa-0000-0000-0000-000000000000",
@@ -94,6 +96,7 @@ def test_identity_and_affinity_are_translated(reader):
 
 
 def test_numa_falls_back_to_sysfs(fake, tmp_path):
+    """Without NVML's NUMA answer, the node is read from sysfs."""
     node_dir = tmp_path / "bus" / "pci" / "devices" / "0000:0f:00.0"
     node_dir.mkdir(parents=True)
     (node_dir / "numa_node").write_text("1\n")
@@ -102,6 +105,7 @@ def test_numa_falls_back_to_sysfs(fake, tmp_path):
 
 
 def test_p2p_read_is_asked_with_the_integer_zero(reader, fake):
+    """The P2P read capability is asked as the integer zero, and status codes map to our enum."""
     fake.p2p[(0, 1, 0)] = 3
     assert reader.p2p_status(0, 1, P2PCapability.READ) is P2PStatus.TOPOLOGY_NOT_SUPPORTED
     assert reader.p2p_status(0, 1, P2PCapability.NVLINK) is P2PStatus.OK
@@ -113,6 +117,7 @@ def test_p2p_read_is_asked_with_the_integer_zero(reader, fake):
 
 
 def test_topology_levels_map_to_link_kinds(reader, fake):
+    """NVML topology levels map to our link kinds, unknown levels to SYS."""
     for level, kind in [(0, LinkKind.INTERNAL), (10, LinkKind.PIX), (20, LinkKind.PXB), (30, LinkKind.PHB),
                         (40, LinkKind.NODE), (50, LinkKind.SYS), (77, LinkKind.SYS)]:  # fmt: skip
         fake.levels[(0, 1)] = level
@@ -120,6 +125,7 @@ def test_topology_levels_map_to_link_kinds(reader, fake):
 
 
 def test_nvlinks_are_probed_up_to_the_binding_maximum(reader, fake):
+    """NVLinks are probed up to the binding's maximum, with their state and far end."""
     links = reader.nvlinks(0)
     assert [(lk.link, lk.active, lk.remote_pci_bus_id) for lk in links] == [
         (0, True, BUS1),
@@ -134,6 +140,7 @@ def test_nvlinks_are_probed_up_to_the_binding_maximum(reader, fake):
 
 
 def test_an_older_binding_without_a_function_is_unsupported_not_a_crash(reader, monkeypatch):
+    """A function missing from an older binding reads as unsupported, not a crash."""
     monkeypatch.delattr(FakePynvml, "nvmlDeviceGetNumaNodeId")
     monkeypatch.delattr(FakePynvml, "nvmlDeviceGetNvLinkRemoteDeviceType")
     assert reader.affinity(0).gpu_numa_id is None
@@ -144,11 +151,13 @@ def test_an_older_binding_without_a_function_is_unsupported_not_a_crash(reader, 
 
 
 def test_nvlink_remote_type_unsupported_is_unknown(reader, fake):
+    """An unsupported NVLink remote type reads as unknown."""
     fake.fail["nvmlDeviceGetNvLinkRemoteDeviceType"] = NOT_SUPPORTED
     assert {lk.remote_type for lk in reader.nvlinks(0)} == {RemoteDeviceType.UNKNOWN}
 
 
 def test_a_lost_gpu_during_link_probing_is_an_error(reader, fake):
+    """A GPU lost while its links are probed is an NvmlReadError saying so."""
     fake.fail["nvmlDeviceGetNvLinkState"] = GPU_IS_LOST
     with pytest.raises(NvmlReadError) as err:
         reader.nvlinks(0)
@@ -156,6 +165,7 @@ def test_a_lost_gpu_during_link_probing_is_an_error(reader, fake):
 
 
 def test_mig_devices_skip_empty_slots_and_read_profiles(reader):
+    """MIG instances skip empty slots and carry their profiles."""
     assert reader.mig(0).mode is MigMode.DISABLED
     mig = reader.mig(1)
     assert mig.mode is MigMode.ENABLED
@@ -166,11 +176,13 @@ def test_mig_devices_skip_empty_slots_and_read_profiles(reader):
 
 
 def test_mig_unsupported(reader, fake):
+    """A GPU without MIG reads as MIG unsupported."""
     fake.gpus[0].mig_mode = None
     assert reader.mig(0).mode is MigMode.UNSUPPORTED
 
 
 def test_processes_utilization_and_ecc(reader, fake):
+    """Processes, utilization and ECC counters come back in our types."""
     assert [(p.pid, p.used_memory_bytes) for p in reader.processes(0)] == [(101, 2 * GIB), (102, None)]
     u = reader.utilization(0)
     assert u is not None and (u.gpu_percent, u.memory_percent) == (37, 12)
@@ -189,6 +201,7 @@ def test_processes_utilization_and_ecc(reader, fake):
 
 
 def test_events_are_subscribed_and_translated(reader, fake):
+    """XID and ECC events are subscribed on every GPU and translated."""
     assert fake.registered == [(0, 0x8 | 0x2), (1, 0x8 | 0x2)]
     assert reader.wait_event(10) is None  # NVML timeout
     fake.queue_event(1, 0x8, 79)
@@ -201,6 +214,7 @@ def test_events_are_subscribed_and_translated(reader, fake):
 
 
 def test_open_failures_become_unavailable(fake):
+    """A library that cannot be initialised is NvmlUnavailable."""
     fake.fail["nvmlInit"] = LIBRARY_NOT_FOUND
     with pytest.raises(NvmlUnavailable, match="nvmlInit failed: fake NVML error 12"):
         PynvmlReader.open(fake)
@@ -212,12 +226,14 @@ def test_open_failures_become_unavailable(fake):
 
 
 def test_default_module_is_imported_by_name(fake, monkeypatch):
+    """By default the `pynvml` module is imported by name."""
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     reader = PynvmlReader.open(cpu_count=8)
     assert reader.device_count() == 2 and reader.driver_version() == "550.54.15"
 
 
 def test_close_frees_events_and_shuts_down_once(reader, fake):
+    """Closing frees the event set and shuts NVML down once, however often it is called."""
     reader.close()
     reader.close()
     assert (fake.freed, fake.shutdowns) == (1, 1)
@@ -226,6 +242,7 @@ def test_close_frees_events_and_shuts_down_once(reader, fake):
 
 
 def test_events_unsupported_leave_gpus_unwatched(fake):
+    """GPUs that cannot report events are listed as unwatched."""
     fake.fail["nvmlDeviceRegisterEvents"] = NOT_SUPPORTED
     reader = PynvmlReader.open(fake)
     assert reader.unwatched == (0, 1)
@@ -251,6 +268,7 @@ _FAILURES = [UNKNOWN, GPU_IS_LOST, NOT_SUPPORTED, 2, ctypes.ArgumentError("bad")
 @pytest.mark.parametrize("failure", _FAILURES, ids=repr)
 @pytest.mark.parametrize(("method", "args"), _CALLS, ids=lambda v: v if isinstance(v, str) else "")
 def test_no_nvml_error_leaks(failure, method, args):
+    """No NVML exception escapes the reader: every failure is our own error type."""
     fake = _fake()
     reader = PynvmlReader.open(fake, cpu_count=64)
     fake.queue_event(0, 0x8, 13)

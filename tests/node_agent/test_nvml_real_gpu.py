@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from node_agent.discovery import discover
-from node_agent.nvml_pynvml import PynvmlReader
-from node_agent.nvml_reader import (
+from node_agent.sources.discovery import discover
+from node_agent.sources.nvml_pynvml import PynvmlReader
+from node_agent.sources.nvml_reader import (
     EccCounts,
     NvmlUnavailable,
     P2PCapability,
@@ -24,7 +24,7 @@ from node_agent.nvml_reader import (
     RemoteDeviceType,
     XidEvent,
 )
-from node_agent.smi_runner import SmiError, run_topo_matrix
+from node_agent.sources.smi_runner import SmiError, run_topo_matrix
 from topology.model import LinkKind, MigMode, parse_cpulist
 from topology.smi_parser import parse_topo_matrix
 
@@ -68,6 +68,7 @@ def smi_text() -> str | None:
 
 
 def test_identity_is_sane(reader):
+    """A real GPU has a UUID, a name, memory and a bus id."""
     count = reader.device_count()
     assert count >= 1
     assert reader.driver_version()
@@ -83,6 +84,7 @@ def test_identity_is_sane(reader):
 
 
 def test_identity_matches_nvidia_smi_query(reader):
+    """The identity NVML gives matches what `nvidia-smi --query-gpu` prints."""
     if shutil.which("nvidia-smi") is None:
         pytest.skip("nvidia-smi not installed")
     out = subprocess.run(
@@ -102,6 +104,7 @@ def test_identity_matches_nvidia_smi_query(reader):
 
 
 def test_affinity_and_levels(reader):
+    """Every GPU has a sane affinity, and every pair a PCIe level."""
     count = reader.device_count()
     for i in range(count):
         a = reader.affinity(i)
@@ -115,6 +118,7 @@ def test_affinity_and_levels(reader):
 
 
 def test_nvlinks_are_consistent(reader):
+    """Link numbers are unique, active links have a generation, and GPU peers are GPUs of this machine."""
     buses = {reader.identity(i).pci_bus_id for i in range(reader.device_count())}
     for i in range(reader.device_count()):
         links = reader.nvlinks(i)
@@ -127,6 +131,7 @@ def test_nvlinks_are_consistent(reader):
 
 
 def test_mig_state_is_sane(reader):
+    """MIG state is readable, and enabled GPUs list their instances."""
     for i in range(reader.device_count()):
         mig = reader.mig(i)
         if mig.mode is not MigMode.ENABLED:
@@ -140,6 +145,7 @@ def test_mig_state_is_sane(reader):
 
 
 def test_load_and_errors_read_without_raising(reader):
+    """Processes, utilization and ECC counters read without raising."""
     for i in range(reader.device_count()):
         assert all(p.pid > 0 for p in reader.processes(i))
         u = reader.utilization(i)
@@ -150,6 +156,7 @@ def test_load_and_errors_read_without_raising(reader):
 
 
 def test_discovery_agrees_with_topo_m(reader, smi_text):
+    """Discovery over the real NVML agrees with `topo -m` on this machine."""
     found = discover(reader, smi_text)
     topo = found.topology
     assert topo.gpu_count == reader.device_count()

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from node_agent.nvml_reader import (
+from node_agent.sources.nvml_reader import (
     EventKind,
     NvmlReadError,
     P2PCapability,
@@ -14,7 +14,7 @@ from node_agent.nvml_reader import (
     RemoteDeviceType,
     XidEvent,
 )
-from node_agent.nvml_simulated import FaultCommandError, SimulatedNvml
+from node_agent.sources.nvml_simulated import FaultCommandError, SimulatedNvml
 from tests.node_agent.machines import machine
 from topology.model import LinkKind, MigDevice, MigMode
 
@@ -25,6 +25,7 @@ MIB = 1024 * 1024
     ("name", "links", "version", "switches"), [("dgx-a100", 12, 4, 6), ("hgx-h100", 18, 6, 4)]
 )
 def test_nvswitch_machines_report_every_link_ending_at_a_switch(name, links, version, switches):
+    """On NVSwitch machines every NVLink of a GPU ends at a switch."""
     sim = SimulatedNvml(machine(name))
     assert sim.device_count() == 8
     for i in range(8):
@@ -37,6 +38,7 @@ def test_nvswitch_machines_report_every_link_ending_at_a_switch(name, links, ver
 
 
 def test_dgx1_v100_cube_mesh_counts_links_to_each_peer():
+    """On the DGX-1 cube mesh each peer is reached over as many links as `NV<k>` says."""
     sim = SimulatedNvml(machine("dgx1-v100"))
     bus = {sim.identity(i).pci_bus_id: i for i in range(8)}
     per_peer = Counter(bus[lk.remote_pci_bus_id] for lk in sim.nvlinks(0))
@@ -51,6 +53,7 @@ def test_dgx1_v100_cube_mesh_counts_links_to_each_peer():
 
 
 def test_nvlink_pairs_report_their_pcie_path_from_numa():
+    """NVLink pairs report the PCIe path their NUMA placement implies."""
     sim = SimulatedNvml(machine("dgx-a100"))  # GPU0/1 on NUMA 3, GPU2 on NUMA 1
     assert sim.topology_level(0, 1) is LinkKind.NODE
     assert sim.topology_level(0, 2) is LinkKind.SYS
@@ -59,6 +62,7 @@ def test_nvlink_pairs_report_their_pcie_path_from_numa():
 
 
 def test_identity_is_deterministic_and_unique():
+    """Simulated UUIDs are the same for one node name and differ between nodes."""
     a = SimulatedNvml(machine("hgx-h100"), node_name="node-a")
     b = SimulatedNvml(machine("hgx-h100"), node_name="node-a")
     c = SimulatedNvml(machine("hgx-h100"), node_name="node-c")
@@ -73,6 +77,7 @@ def test_identity_is_deterministic_and_unique():
 
 
 def test_without_a_node_name_the_catalog_uuids_are_kept_and_from_machine_works():
+    """Without a node name the catalog's UUIDs are kept, and machines load by name."""
     topo = machine("dgx-a100")
     sim = SimulatedNvml.from_machine("dgx-a100")
     assert [sim.identity(i).uuid for i in range(8)] == [g.uuid for g in topo.gpus]
@@ -80,6 +85,7 @@ def test_without_a_node_name_the_catalog_uuids_are_kept_and_from_machine_works()
 
 
 def test_injected_xid_is_delivered_once_and_79_makes_the_gpu_unreadable():
+    """An injected XID is delivered once, and XID 79 also makes the GPU unreadable."""
     sim = SimulatedNvml(machine("dgx-a100"))
     assert sim.wait_event(0) is None
     sim.inject_xid(3, 79)
@@ -94,6 +100,7 @@ def test_injected_xid_is_delivered_once_and_79_makes_the_gpu_unreadable():
 
 
 def test_ecc_nvlink_and_process_faults():
+    """ECC counters, NVLink state and processes can be set and cleared."""
     sim = SimulatedNvml(machine("dgx1-v100"))
     assert sim.ecc(1).volatile_uncorrected == 0
     sim.set_ecc(1, volatile_uncorrected=2, remap_pending=True)
@@ -109,9 +116,10 @@ def test_ecc_nvlink_and_process_faults():
 
 
 def test_mig_layout_can_be_set():
+    """A simulated GPU's MIG layout can be set."""
     sim = SimulatedNvml(machine("dgx-a100"))
     assert sim.mig(0).mode is MigMode.UNSUPPORTED
-    from node_agent.nvml_reader import MigInfo
+    from node_agent.sources.nvml_reader import MigInfo
 
     layout = MigInfo(MigMode.ENABLED, (MigDevice("MIG-1", "3g.20gb", 1, 0, 19968),))
     sim.set_mig(0, layout)
@@ -119,6 +127,7 @@ def test_mig_layout_can_be_set():
 
 
 def test_fault_commands_from_json():
+    """JSON fault commands apply the same faults as the methods."""
     sim = SimulatedNvml(machine("hgx-h100"))
     assert "XID 48" in sim.apply_fault({"gpu": 1, "xid": 48})
     assert sim.wait_event(0) == XidEvent(1, EventKind.XID, 48)
@@ -146,12 +155,14 @@ def test_fault_commands_from_json():
     ],
 )
 def test_bad_fault_commands_are_refused_with_a_reason(command, message):
+    """Malformed fault commands are refused with a reason."""
     sim = SimulatedNvml(machine("hgx-h100"))
     with pytest.raises(FaultCommandError, match=message):
         sim.apply_fault(command)
 
 
 def test_wait_event_wakes_up_when_a_fault_arrives_from_another_thread():
+    """Waiting for an event wakes up when a fault arrives from another thread."""
     import threading
 
     sim = SimulatedNvml(machine("hgx-h100"))

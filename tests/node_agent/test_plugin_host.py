@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.app import prepare_shim
-from node_agent.deviceplugin.inventory import SHARED_GPU_RESOURCE, WHOLE_GPU_RESOURCE, mig_resource
-from node_agent.deviceplugin.ledger import InMemoryPodLedger
+from contract.resources import ResourceNames
+from node_agent.deviceplugin.record_store import InMemoryPodRecords
 from node_agent.deviceplugin.server import PluginConfig
 from node_agent.health import GpuHealth
 from node_agent.plugin_host import (
@@ -17,10 +16,12 @@ from node_agent.plugin_host import (
     DevicePluginHost,
     DevicePluginSettings,
     install_shim,
+    prepare_shim,
     unavailable_devices,
 )
 from topology.model import MigDevice, MigMode, NodeTopology
 
+from .builders import SHARED_GPU, WHOLE_GPU
 from .fake_kubelet import FakeKubelet, wait_until
 from .machines import machine
 
@@ -58,6 +59,7 @@ def _health(
 
 
 def test_install_shim_copies_the_files_once_and_repairs_changed_ones(tmp_path: Path) -> None:
+    """The shim files are copied once, left alone when unchanged and replaced when changed."""
     target = tmp_path / "var" / "shim"
     install_shim(target)
     assert sorted(p.name for p in target.iterdir()) == sorted(SHIM_FILES)
@@ -74,6 +76,7 @@ def test_install_shim_copies_the_files_once_and_repairs_changed_ones(tmp_path: P
 
 
 def test_prepare_shim_leaves_the_shim_out_when_it_cannot_be_installed(tmp_path: Path) -> None:
+    """When the shim cannot be installed the plugins go on without it."""
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert prepare_shim(str(blocker / "shim")) is None
@@ -85,6 +88,7 @@ def test_prepare_shim_leaves_the_shim_out_when_it_cannot_be_installed(tmp_path: 
 
 
 def test_unhealthy_and_cordoned_gpus_take_their_mig_instances_along() -> None:
+    """Unhealthy and cordoned GPUs are unavailable together with their MIG instances."""
     topology = _with_mig(machine("hgx-h100"), 0)
     gpus = topology.gpus
     assert unavailable_devices(topology, _health(topology)) == frozenset()
@@ -95,15 +99,17 @@ def test_unhealthy_and_cordoned_gpus_take_their_mig_instances_along() -> None:
 # ---------------------------------------------------------------------- the host
 
 
-def _host(plugin_dir: Path) -> DevicePluginHost:
+def _host(plugin_dir: Path, resources: ResourceNames | None = None) -> DevicePluginHost:
     settings = DevicePluginSettings(
         plugin=PluginConfig(plugin_dir=str(plugin_dir), pod_resources_socket=None, poll_interval_s=0.05),
         units_per_gpu=2,
+        resources=resources or ResourceNames(),
     )
-    return DevicePluginHost(settings, InMemoryPodLedger())
+    return DevicePluginHost(settings, InMemoryPodRecords())
 
 
 def test_the_host_restarts_the_plugins_when_the_offered_gpus_change(plugin_dir: Path) -> None:
+    """The host restarts the plugins only when the offered GPUs change, keeping its counters."""
     kubelet = FakeKubelet(plugin_dir)
     kubelet.start()
     host = _host(plugin_dir)
@@ -112,7 +118,7 @@ def test_the_host_restarts_the_plugins_when_the_offered_gpus_change(plugin_dir: 
         assert host.start(topology, _health(topology))
         wait_until(lambda: len(kubelet.registered) == 2)
         first = host.plugins
-        counters = host.stats().counters
+        counters = host.counters
         host.update(topology, _health(topology, unhealthy=2))
         host.update(replace(topology), _health(topology))  # rediscovered, nothing changed
         assert host.plugins is first
@@ -122,17 +128,19 @@ def test_the_host_restarts_the_plugins_when_the_offered_gpus_change(plugin_dir: 
         wait_until(lambda: len(kubelet.registered) == 5)
         assert host.plugins is not first and host.plugins is not None
         assert set(host.plugins.resources) == {
-            WHOLE_GPU_RESOURCE,
-            SHARED_GPU_RESOURCE,
-            mig_resource("3g.40gb"),
+            WHOLE_GPU,
+            SHARED_GPU,
+            ResourceNames().mig_resource("3g.40gb"),
         }
         assert {r.resource_name for r in kubelet.registered[2:]} == set(host.plugins.resources)
         assert host.plugins.health.snapshot()[1] == {
             mig.gpus[1].uuid,
             *(m.uuid for m in mig.gpus[1].mig_devices),
         }
+        # the kubelet records a registration before the plugin's Register call returns and counts it
+        wait_until(lambda: host.stats().registrations == 5)
         stats = host.stats()
-        assert (stats.resources, stats.registrations) == (3, 5) and stats.counters is counters
+        assert (stats.resources, stats.registrations) == (3, 5) and host.counters is counters
     finally:
         host.stop()
         kubelet.stop()
@@ -141,6 +149,7 @@ def test_the_host_restarts_the_plugins_when_the_offered_gpus_change(plugin_dir: 
 
 
 def test_the_host_does_not_start_without_gpus_or_a_plugin_directory(plugin_dir: Path, tmp_path: Path) -> None:
+    """The host does not start without GPUs or a plugin directory, but does before the kubelet is up."""
     assert not _host(plugin_dir).start(NodeTopology(gpus=()), [])
     topology = machine("dgx1-v100")
     assert not _host(tmp_path / "missing").start(topology, _health(topology))
@@ -150,3 +159,19 @@ def test_the_host_does_not_start_without_gpus_or_a_plugin_directory(plugin_dir: 
         assert host.stats().resources == 2 and host.stats().registrations == 0
     finally:
         host.stop()
+
+
+def test_the_host_serves_the_configured_resource_names(plugin_dir: Path) -> None:
+    """Resource names configured for the cluster are the ones registered with the kubelet."""
+    kubelet = FakeKubelet(plugin_dir)
+    kubelet.start()
+    names = ResourceNames(whole="example.com/gpu", shared_units="example.com/gpu.shared")
+    host = _host(plugin_dir, names)
+    topology = machine("dgx1-v100")
+    try:
+        assert host.start(topology, _health(topology))
+        wait_until(lambda: len(kubelet.registered) == 2)
+        assert {r.resource_name for r in kubelet.registered} == {"example.com/gpu", "example.com/gpu.shared"}
+    finally:
+        host.stop()
+        kubelet.stop()

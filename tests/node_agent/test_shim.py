@@ -109,6 +109,7 @@ SHARE = {"LINKPACK_MEMORY_FRACTION": "0.25,0.5", "LINKPACK_MEMORY_LIMIT_MIB": "2
 
 
 def test_torch_gets_the_fraction_per_device_once_cuda_initialises(tmp_path: Path) -> None:
+    """PyTorch gets each device's memory fraction once CUDA initialises, not at import."""
     proc = run(
         """
         import json, torch
@@ -124,6 +125,7 @@ def test_torch_gets_the_fraction_per_device_once_cuda_initialises(tmp_path: Path
 
 
 def test_torch_with_cuda_already_up_or_without_a_lazy_queue_is_limited_at_import(tmp_path: Path) -> None:
+    """PyTorch with CUDA already up, or without a lazy queue, is limited at import."""
     code = "import json, torch; print(json.dumps(torch.calls))"
     assert result(run(code, SHARE, fakes(tmp_path, initialized=True))) == [[0.25, 0], [0.5, 1]]
     assert result(run(code, SHARE, fakes(tmp_path, lazy=False))) == [[0.25, 0], [0.5, 1]]
@@ -131,6 +133,7 @@ def test_torch_with_cuda_already_up_or_without_a_lazy_queue_is_limited_at_import
 
 def test_torch_already_imported_before_the_shim_is_limited_at_once(tmp_path: Path) -> None:
     # -S: no site, so sitecustomize is not run at start; torch comes first, then the shim
+    """PyTorch imported before the shim is limited at once."""
     proc = run(
         """
         import json, sys, torch
@@ -146,6 +149,7 @@ def test_torch_already_imported_before_the_shim_is_limited_at_once(tmp_path: Pat
 
 
 def test_a_failing_framework_call_is_reported_once_and_never_breaks_the_program(tmp_path: Path) -> None:
+    """A failing framework call is reported once on stderr and never breaks the program."""
     proc = run(
         """
         import json, torch
@@ -160,6 +164,7 @@ def test_a_failing_framework_call_is_reported_once_and_never_breaks_the_program(
 
 
 def test_tensorflow_gets_a_logical_device_with_the_granted_mib_and_memory_growth(tmp_path: Path) -> None:
+    """TensorFlow gets a logical device of the granted MiB and memory growth."""
     proc = run(
         """
         import json, os, tensorflow
@@ -175,6 +180,7 @@ def test_tensorflow_gets_a_logical_device_with_the_granted_mib_and_memory_growth
 
 
 def test_jax_environment_is_capped_before_jax_can_be_imported(tmp_path: Path) -> None:
+    """JAX's memory fraction is capped in the environment before JAX can be imported."""
     code = """
         import json, os
         print(json.dumps({k: os.environ.get(k) for k in (
@@ -205,6 +211,7 @@ def test_jax_environment_is_capped_before_jax_can_be_imported(tmp_path: Path) ->
     ],
 )
 def test_without_a_usable_share_nothing_is_touched(tmp_path: Path, env: dict[str, str]) -> None:
+    """Without a usable share in the environment nothing is touched."""
     proc = run(
         """
         import json, os, sys, torch, linkpack_shim
@@ -221,6 +228,7 @@ def test_without_a_usable_share_nothing_is_touched(tmp_path: Path, env: dict[str
 
 
 def test_absent_frameworks_import_as_absent_and_other_imports_work(tmp_path: Path) -> None:
+    """Frameworks that are not installed stay absent, and other imports work as usual."""
     proc = run(
         """
         import json
@@ -239,6 +247,7 @@ def test_absent_frameworks_import_as_absent_and_other_imports_work(tmp_path: Pat
 
 
 def test_the_images_own_sitecustomize_still_runs(tmp_path: Path) -> None:
+    """The image's own sitecustomize still runs after ours."""
     own = tmp_path / "image-site"
     own.mkdir()
     (own / "sitecustomize.py").write_text("import os\nos.environ['IMAGE_SITE_RAN'] = 'yes'\n")
@@ -247,6 +256,7 @@ def test_the_images_own_sitecustomize_still_runs(tmp_path: Path) -> None:
 
 
 def test_the_shim_imports_only_the_standard_library() -> None:
+    """The shim imports only the standard library at start-up."""
     for source in (SHIM_DIR / "linkpack_shim.py", SHIM_DIR / "sitecustomize.py"):
         tree = ast.parse(source.read_text())
         names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

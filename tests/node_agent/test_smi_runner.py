@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from node_agent.smi_runner import SmiError, SmiNotFound, run_topo_matrix
+from node_agent.sources.smi_runner import SmiError, SmiNotFound, run_topo_matrix
 from tests.node_agent.machines import topo_text
 
 
@@ -27,6 +27,7 @@ def _which(name: str) -> str:
 
 
 def test_success_returns_the_matrix_and_uses_a_timeout():
+    """A successful run returns the matrix and is bounded by the timeout."""
     run, calls = _runner(stdout=topo_text("hgx-h100"))
     assert run_topo_matrix(timeout_s=7, runner=run, which=_which) == topo_text("hgx-h100")
     argv, kwargs = calls[0]
@@ -34,6 +35,7 @@ def test_success_returns_the_matrix_and_uses_a_timeout():
 
 
 def test_missing_binary():
+    """A missing nvidia-smi is SmiNotFound, saying how to do without it."""
     with pytest.raises(SmiNotFound, match="not found on PATH"):
         run_topo_matrix(which=lambda name: None)
 
@@ -54,5 +56,6 @@ def test_missing_binary():
     ],
 )
 def test_failures_explain_themselves(runner, message):
+    """Timeouts, start failures, exit codes and empty output each explain themselves."""
     with pytest.raises(SmiError, match=message):
         run_topo_matrix(runner=runner, which=_which)

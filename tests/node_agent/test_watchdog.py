@@ -7,11 +7,12 @@ from types import MappingProxyType
 
 import pytest
 
+from contract.allocation import Allocation, encode_allocation
+from contract.keys import ALLOCATION_ANNOTATION
 from node_agent.kube import PodInfo
-from node_agent.nvml_simulated import SimulatedNvml
+from node_agent.sources.nvml_simulated import SimulatedNvml
 from node_agent.watchdog import ProcessUse, Share, Watchdog, assess, pod_uid_from_cgroup, read_pod_uid
 from tests.node_agent.machines import machine
-from topology.allocation import ALLOCATION_ANNOTATION, Allocation, encode_allocation
 from topology.workload import GpuGrant
 
 MIB = 1024 * 1024
@@ -38,6 +39,7 @@ UID_B = "99999999-aaaa-4bbb-8ccc-dddddddddddd"
     ],
 )
 def test_pod_uid_is_found_in_every_cgroup_layout(text):
+    """The pod UID is found in every cgroup layout the kubelet creates."""
     assert pod_uid_from_cgroup(text) == UID_A
 
 
@@ -52,10 +54,12 @@ def test_pod_uid_is_found_in_every_cgroup_layout(text):
     ],
 )
 def test_processes_outside_pods_have_no_uid(text):
+    """Processes outside pods have no pod UID."""
     assert pod_uid_from_cgroup(text) is None
 
 
 def test_read_pod_uid_from_a_fake_proc_tree(tmp_path):
+    """A PID's pod is read from its /proc cgroup file, and a vanished PID has none."""
     (tmp_path / "42").mkdir()
     (tmp_path / "42" / "cgroup").write_text(f"0::/kubepods/burstable/pod{UID_A}/abc\n")
     assert read_pod_uid(42, tmp_path) == UID_A
@@ -63,6 +67,7 @@ def test_read_pod_uid_from_a_fake_proc_tree(tmp_path):
 
 
 def test_assess_flags_only_pods_above_their_share():
+    """Only pods above their memory share are flagged, with their processes."""
     shares = [Share(UID_A, "ml", "train", 0, 1024 * MIB), Share(UID_B, "ml", "whole", 1, None)]
     procs = [
         ProcessUse(0, 10, 800 * MIB, UID_A),
@@ -103,6 +108,7 @@ def _proc_tree(tmp_path, pids: dict[int, str]):
 
 
 def test_watchdog_reports_each_episode_once_and_can_kill(tmp_path):
+    """Each episode over the share is reported once, and its processes can be killed."""
     sim = SimulatedNvml(machine("hgx-h100"))
     sim.set_process(2, 500, 3000 * MIB)
     sim.set_process(3, 501, 10 * MIB)
@@ -129,6 +135,7 @@ def test_watchdog_reports_each_episode_once_and_can_kill(tmp_path):
 
 
 def test_watchdog_without_kill_only_reports(tmp_path):
+    """Without kill the watchdog only reports."""
     sim = SimulatedNvml(machine("hgx-h100"))
     sim.set_process(0, 600, 9000 * MIB)
     pods = [_pod(UID_A, "p", (GpuGrant(0, "GPU-x", False, memory_mib=1024),))]
@@ -140,6 +147,7 @@ def test_watchdog_without_kill_only_reports(tmp_path):
 
 
 def test_whole_gpus_mig_and_foreign_allocations_are_not_policed(tmp_path):
+    """Whole GPUs, MIG instances and allocations for other nodes are not policed."""
     sim = SimulatedNvml(machine("hgx-h100"))
     sim.set_process(0, 700, 80_000 * MIB)
     pods = [
@@ -154,6 +162,7 @@ def test_whole_gpus_mig_and_foreign_allocations_are_not_policed(tmp_path):
 
 
 def test_unkillable_process_is_a_warning(tmp_path):
+    """A process that cannot be killed is a warning, not a failure."""
     sim = SimulatedNvml(machine("hgx-h100"))
     sim.set_process(0, 800, 9000 * MIB)
     pods = [_pod(UID_A, "p", (GpuGrant(0, "GPU-x", False, memory_mib=1024),))]

@@ -46,6 +46,8 @@ import (
 type containerSpec struct {
 	Name   string           `json:"name"`
 	Limits map[string]int64 `json:"limits"`
+	// "Always" on an init container makes it a sidecar (a restartable init container).
+	RestartPolicy string `json:"restartPolicy,omitempty"`
 }
 
 type podSpec struct {
@@ -137,7 +139,12 @@ func toPod(spec *podSpec) *v1.Pod {
 			for name, n := range c.Limits {
 				limits[v1.ResourceName(name)] = *resource.NewQuantity(n, resource.DecimalSI)
 			}
-			out = append(out, v1.Container{Name: c.Name, Resources: v1.ResourceRequirements{Limits: limits, Requests: limits}})
+			container := v1.Container{Name: c.Name, Resources: v1.ResourceRequirements{Limits: limits, Requests: limits}}
+			if c.RestartPolicy != "" {
+				policy := v1.ContainerRestartPolicy(c.RestartPolicy)
+				container.RestartPolicy = &policy
+			}
+			out = append(out, container)
 		}
 		return out
 	}

@@ -1,21 +1,15 @@
-"""KubePodLedger: the device plugin's PodLedger over ClusterApi, against an in-memory cluster."""
+"""KubePodRecords: the device plugin's record store over NodeApi, against an in-memory API."""
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from dataclasses import replace
 from types import MappingProxyType
 
 import pytest
 
-from node_agent.deviceplugin.broker import AllocationBroker
-from node_agent.deviceplugin.inventory import WHOLE_GPU_RESOURCE
-from node_agent.deviceplugin.ledger import LedgerError, PodRef
-from node_agent.kube import ContainerRequests, PodInfo, pod_from_dict
-from node_agent.pod_ledger import KubePodLedger, bound_pod, record_generation
-from topology.allocation import (
-    ALLOCATION_ANNOTATION,
-    CONSUMED_ANNOTATION,
+from contract.allocation import (
     Allocation,
     Consumption,
     decode_allocation,
@@ -23,13 +17,20 @@ from topology.allocation import (
     encode_allocation,
     encode_consumption,
 )
+from contract.keys import ALLOCATION_ANNOTATION, CONSUMED_ANNOTATION
+from contract.pod_demand import ContainerDemand, ContainerRole
+from contract.pods import PodRef
+from node_agent.deviceplugin.broker import AllocationBroker
+from node_agent.deviceplugin.record_store import RecordStoreError, record_generation
+from node_agent.kube import PodInfo, pod_from_dict
+from node_agent.pod_records import KubePodRecords, bound_pod
 
-from .builders import inventory, uuid, whole
-from .machines import FakeCluster
+from .builders import NAMES, WHOLE_GPU, app, init, inventory, sidecar, uuid, whole
+from .machines import FakeNodeApi
 
 NODE = "node-a"
 T0 = dt.datetime(2024, 5, 1, 10, 0, 0, tzinfo=dt.UTC)
-GPU = WHOLE_GPU_RESOURCE
+GPU = WHOLE_GPU
 
 
 def _record(*indices: int, generation: int = 1) -> str:
@@ -45,7 +46,7 @@ def _pod(
     record: str | None = None,
     phase: str = "Running",
     node: str = NODE,
-    init: tuple[ContainerRequests, ...] = (),
+    init: tuple[ContainerDemand, ...] = (),
     scheduled_at: dt.datetime | None = T0,
     created: dt.datetime | None = T0 - dt.timedelta(seconds=5),
     rv: str = "10",
@@ -59,9 +60,8 @@ def _pod(
         node_name=node,
         phase=phase,
         annotations=MappingProxyType(annotations),
-        containers=(ContainerRequests("main", ((GPU, gpus),)),),
+        demands=(*init, app("main", GPU, gpus)),
         created=created,
-        init_containers=init,
         scheduled_at=scheduled_at,
     )
 
@@ -70,13 +70,13 @@ def _ref(name: str) -> PodRef:
     return PodRef("ml", name, f"uid-{name}")
 
 
-def _cluster(*pods: PodInfo) -> FakeCluster:
-    cluster = FakeCluster(NODE)
+def _cluster(*pods: PodInfo) -> FakeNodeApi:
+    cluster = FakeNodeApi(NODE)
     cluster.pods = list(pods)
     return cluster
 
 
-def _stored(cluster: FakeCluster, name: str) -> PodInfo:
+def _stored(cluster: FakeNodeApi, name: str) -> PodInfo:
     pod = cluster.get_pod("ml", name)
     assert pod is not None
     return pod
@@ -89,6 +89,7 @@ CONSUMED = Consumption(1, ("main",), (uuid(0),))
 
 
 def test_pod_translation_reads_init_containers_sidecars_and_the_scheduled_time() -> None:
+    """A pod's init containers, sidecars and app containers come in admission order with their roles."""
     pod = pod_from_dict(
         {
             "metadata": {
@@ -103,7 +104,7 @@ def test_pod_translation_reads_init_containers_sidecars_and_the_scheduled_time()
                     {"name": "warm", "resources": {"limits": {GPU: "2"}}},
                     {"name": "proxy", "restartPolicy": "Always", "resources": {"limits": {GPU: "1"}}},
                 ],
-                "containers": [{"name": "main", "resources": {"limits": {GPU: "1"}}}],
+                "containers": [{"name": "main", "resources": {"limits": {GPU: "1", "cpu": "500m"}}}],
             },
             "status": {
                 "phase": "Pending",
@@ -112,30 +113,58 @@ def test_pod_translation_reads_init_containers_sidecars_and_the_scheduled_time()
                     {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2024-05-01T10:00:00Z"},
                 ],
             },
-        }
+        },
+        NAMES.managed,
     )
-    assert [(c.name, c.sidecar) for c in pod.init_containers] == [("warm", False), ("proxy", True)]
-    assert pod.init_containers[0].resources == ((GPU, 2),)
-    assert pod.scheduled_at == T0 and pod.bound_at == T0
-    assert pod.requested(GPU) == 1  # app containers only
-    unscheduled = pod_from_dict({"metadata": {"creationTimestamp": "2024-05-01T10:00:00Z"}, "status": {}})
-    assert (
-        unscheduled.scheduled_at is None and unscheduled.bound_at == T0 and unscheduled.init_containers == ()
+    assert pod.demands == (init("warm", GPU, 2), sidecar("proxy", GPU, 1), app("main", GPU, 1))
+    assert pod.scheduled_at == T0 and pod.bound_at == T0 and pod.spec_problem == ""
+    unscheduled = pod_from_dict(
+        {"metadata": {"creationTimestamp": "2024-05-01T10:00:00Z"}, "status": {}}, NAMES.managed
     )
+    assert unscheduled.scheduled_at is None and unscheduled.bound_at == T0 and unscheduled.demands == ()
 
 
-def test_bound_pod_puts_init_containers_first_and_sidecars_as_app_containers() -> None:
-    init = (
-        ContainerRequests("warm", ((GPU, 2),)),
-        ContainerRequests("proxy", ((GPU, 1),), restart_policy="Always"),
-    )
-    bound = bound_pod(_pod("p", init=init, record=_record(0)))
-    assert [(c.name, c.init) for c in bound.containers] == [("warm", True), ("proxy", False), ("main", False)]
+def test_bound_pod_keeps_the_containers_in_admission_order_with_their_roles() -> None:
+    """The device plugin sees init containers first (plain and sidecar), then app containers, with their roles."""
+    demands = (init("warm", GPU, 2), sidecar("proxy", GPU, 1))
+    bound = bound_pod(_pod("p", init=demands, record=_record(0)))
+    assert [(c.name, c.role) for c in bound.containers] == [
+        ("warm", ContainerRole.INIT),
+        ("proxy", ContainerRole.SIDECAR),
+        ("main", ContainerRole.APP),
+    ]
     assert bound.ref == _ref("p") and bound.bound_at == T0.timestamp()
     assert bound.annotations[ALLOCATION_ANNOTATION] == _record(0)
 
 
+def test_a_pod_with_an_unreadable_quantity_asks_for_nothing_and_is_logged_once(caplog) -> None:
+    """A pod whose GPU quantity is not a whole number is served nothing, logged once, and never crashes the store."""
+    obj = {
+        "metadata": {"name": "odd", "namespace": "ml", "uid": "uid-odd"},
+        "spec": {"nodeName": NODE, "containers": [{"name": "main", "resources": {"limits": {GPU: "0.5"}}}]},
+        "status": {"phase": "Running"},
+    }
+    pod = pod_from_dict(obj, NAMES.managed)
+    assert pod.demands == () and "main" in pod.spec_problem and GPU in pod.spec_problem
+    ignored = pod_from_dict(
+        {**obj, "spec": {"containers": [{"resources": {"limits": {"x.io/y": "0.5"}}}]}}, NAMES.managed
+    )
+    assert ignored.spec_problem == ""  # only the resources we serve are read
+    store = KubePodRecords(
+        _cluster(replace(pod, annotations=MappingProxyType({ALLOCATION_ANNOTATION: _record(0)}))), NODE
+    )
+    with caplog.at_level(logging.WARNING, logger="node_agent.pod_records"):
+        (bound,) = store.list_bound_pods_on_node()
+        store.list_bound_pods_on_node()
+    assert bound.containers == ()
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    broker = AllocationBroker(inventory(), store)
+    broker.resync()
+    assert broker.state.handouts == ()
+
+
 def test_bound_at_falls_back_to_the_creation_time_then_zero() -> None:
+    """The bind time falls back to the creation time, then to zero, and naive times are read as UTC."""
     assert bound_pod(_pod("p", scheduled_at=None)).bound_at == (T0 - dt.timedelta(seconds=5)).timestamp()
     assert bound_pod(_pod("p", scheduled_at=None, created=None)).bound_at == 0.0
     naive = dt.datetime(2024, 5, 1, 10, 0, 0)
@@ -143,6 +172,7 @@ def test_bound_at_falls_back_to_the_creation_time_then_zero() -> None:
 
 
 def test_record_generation_of_missing_and_unreadable_records() -> None:
+    """A missing or unreadable record has no generation."""
     assert record_generation({ALLOCATION_ANNOTATION: _record(0, generation=3)}) == 3
     assert record_generation({}) is None
     assert record_generation({ALLOCATION_ANNOTATION: "{not json"}) is None
@@ -152,6 +182,7 @@ def test_record_generation_of_missing_and_unreadable_records() -> None:
 
 
 def test_listing_skips_finished_pods_and_pods_of_other_nodes() -> None:
+    """The listing leaves out finished pods and pods of other nodes."""
     cluster = _cluster(
         _pod("running", record=_record(0)),
         _pod("pending", phase="Pending"),
@@ -159,25 +190,27 @@ def test_listing_skips_finished_pods_and_pods_of_other_nodes() -> None:
         _pod("failed", phase="Failed"),
         _pod("elsewhere", node="node-b"),
     )
-    pods = KubePodLedger(cluster, NODE).list_bound_pods_on_node()
+    pods = KubePodRecords(cluster, NODE).list_bound_pods_on_node()
     assert [p.ref.name for p in pods] == ["running", "pending"]
 
 
-def test_a_failed_listing_is_a_ledger_error() -> None:
+def test_a_failed_listing_is_a_record_store_error() -> None:
+    """A listing the API refuses is a RecordStoreError naming the node."""
     cluster = _cluster(_pod("p"))
     cluster.fail_next = True
-    with pytest.raises(LedgerError, match=r"cannot list the pods of node node-a.*HTTP 500"):
-        KubePodLedger(cluster, NODE).list_bound_pods_on_node()
+    with pytest.raises(RecordStoreError, match=r"cannot list the pods of node node-a.*HTTP 500"):
+        KubePodRecords(cluster, NODE).list_bound_pods_on_node()
 
 
 # ---------------------------------------------------------------------- writing
 
 
 def test_mark_consumed_patches_once_with_the_listed_resource_version() -> None:
+    """Marking consumed costs one patch at the resourceVersion of the listing."""
     cluster = _cluster(_pod("p", record=_record(0), rv="41"))
-    ledger = KubePodLedger(cluster, NODE)
-    ledger.list_bound_pods_on_node()
-    assert ledger.mark_consumed(_ref("p"), CONSUMED) is True
+    store = KubePodRecords(cluster, NODE)
+    store.list_bound_pods_on_node()
+    assert store.mark_consumed(_ref("p"), CONSUMED) is True
     assert [(p[1], p[3]) for p in cluster.pod_patches] == [("p", "41")]
     assert cluster.pod_reads == 0
     stored = _stored(cluster, "p")
@@ -186,25 +219,28 @@ def test_mark_consumed_patches_once_with_the_listed_resource_version() -> None:
 
 
 def test_mark_consumed_without_a_listing_reads_the_pod_first() -> None:
+    """Without a listing, the pod is read before it is patched."""
     cluster = _cluster(_pod("p", record=_record(0)))
-    assert KubePodLedger(cluster, NODE).mark_consumed(_ref("p"), CONSUMED) is True
+    assert KubePodRecords(cluster, NODE).mark_consumed(_ref("p"), CONSUMED) is True
     assert cluster.pod_reads == 1 and len(cluster.pod_patches) == 1
 
 
 def test_a_conflict_is_read_again_and_retried() -> None:
+    """A conflict makes the store read the pod again and retry."""
     cluster = _cluster(_pod("p", record=_record(0)))
-    ledger = KubePodLedger(cluster, NODE)
-    ledger.list_bound_pods_on_node()
+    store = KubePodRecords(cluster, NODE)
+    store.list_bound_pods_on_node()
     cluster.replace_pod(_stored(cluster, "p"), phase="Running")  # someone else wrote: rv moved on
-    assert ledger.mark_consumed(_ref("p"), CONSUMED) is True
+    assert store.mark_consumed(_ref("p"), CONSUMED) is True
     assert [p[3] for p in cluster.pod_patches] == ["10", "11"]
     assert CONSUMED_ANNOTATION in _stored(cluster, "p").annotations
 
 
 def test_a_record_rewritten_meanwhile_is_not_marked() -> None:
+    """A record rewritten to a new generation meanwhile is not marked consumed."""
     cluster = _cluster(_pod("p", record=_record(0)))
-    ledger = KubePodLedger(cluster, NODE)
-    ledger.list_bound_pods_on_node()
+    store = KubePodRecords(cluster, NODE)
+    store.list_bound_pods_on_node()
 
     def rewrite() -> None:
         cluster.before_pod_patch = None
@@ -214,110 +250,118 @@ def test_a_record_rewritten_meanwhile_is_not_marked() -> None:
         )
 
     cluster.before_pod_patch = rewrite
-    assert ledger.mark_consumed(_ref("p"), CONSUMED) is False
+    assert store.mark_consumed(_ref("p"), CONSUMED) is False
     assert len(cluster.pod_patches) == 1  # the re-read saw generation 2 and stopped
     assert CONSUMED_ANNOTATION not in _stored(cluster, "p").annotations
 
 
 def test_wrong_generation_missing_pod_and_recreated_pod_are_moot() -> None:
+    """A wrong generation, a missing pod or a pod recreated under the same name make the write moot."""
     cluster = _cluster(_pod("p", record=_record(0, generation=2)), _pod("no-record"))
-    ledger = KubePodLedger(cluster, NODE)
-    ledger.list_bound_pods_on_node()
-    assert ledger.mark_consumed(_ref("p"), CONSUMED) is False  # generation 2 != 1
-    assert ledger.mark_consumed(_ref("no-record"), CONSUMED) is False
-    assert ledger.mark_consumed(_ref("gone"), CONSUMED) is False
+    store = KubePodRecords(cluster, NODE)
+    store.list_bound_pods_on_node()
+    assert store.mark_consumed(_ref("p"), CONSUMED) is False  # generation 2 != 1
+    assert store.mark_consumed(_ref("no-record"), CONSUMED) is False
+    assert store.mark_consumed(_ref("gone"), CONSUMED) is False
     assert cluster.pod_patches == []
     twin = _pod("twin", record=_record(0))
     cluster.pods.append(twin)
-    ledger.list_bound_pods_on_node()
+    store.list_bound_pods_on_node()
     cluster.pods = [replace(twin, uid="uid-new", resource_version="99")]
-    assert ledger.mark_consumed(_ref("twin"), CONSUMED) is False  # conflict, re-read: another pod
+    assert store.mark_consumed(_ref("twin"), CONSUMED) is False  # conflict, re-read: another pod
     assert CONSUMED_ANNOTATION not in cluster.pods[0].annotations
 
 
 def test_answers_without_a_write_are_checked_against_a_fresh_read() -> None:
+    """An answer given without writing is always confirmed by a fresh read."""
     cluster = _cluster(_pod("p", record=_record(0)))
-    ledger = KubePodLedger(cluster, NODE)
-    ledger.list_bound_pods_on_node()
-    assert ledger.mark_consumed(_ref("p"), CONSUMED) is True
+    store = KubePodRecords(cluster, NODE)
+    store.list_bound_pods_on_node()
+    assert store.mark_consumed(_ref("p"), CONSUMED) is True
     # the remembered copy says "already consumed", but the record was rewritten since
     stored = _stored(cluster, "p")
     rewritten = {**stored.annotations, ALLOCATION_ANNOTATION: _record(1, generation=2)}
     cluster.replace_pod(stored, annotations=MappingProxyType(rewritten))
     reads = cluster.pod_reads
-    assert ledger.mark_consumed(_ref("p"), CONSUMED) is False
+    assert store.mark_consumed(_ref("p"), CONSUMED) is False
     assert cluster.pod_reads == reads + 1 and len(cluster.pod_patches) == 1
     # the remembered copy has generation 2, the API is back at 1: the API is what counts
     stored = _stored(cluster, "p")
     cluster.replace_pod(stored, annotations=MappingProxyType({ALLOCATION_ANNOTATION: _record(0)}))
-    assert ledger.mark_consumed(_ref("p"), CONSUMED) is True and len(cluster.pod_patches) == 2
+    assert store.mark_consumed(_ref("p"), CONSUMED) is True and len(cluster.pod_patches) == 2
 
 
 def test_a_pod_deleted_before_the_patch_is_moot() -> None:
+    """A pod deleted before the patch makes the write moot."""
     cluster = _cluster(_pod("p", record=_record(0)))
-    ledger = KubePodLedger(cluster, NODE)
-    ledger.list_bound_pods_on_node()
+    store = KubePodRecords(cluster, NODE)
+    store.list_bound_pods_on_node()
     cluster.pods = []
-    assert ledger.mark_consumed(_ref("p"), CONSUMED) is False
+    assert store.mark_consumed(_ref("p"), CONSUMED) is False
 
 
 def test_an_already_written_consumption_is_not_written_again() -> None:
+    """A consumption already on the pod is not written again."""
     annotations = {ALLOCATION_ANNOTATION: _record(0), CONSUMED_ANNOTATION: encode_consumption(CONSUMED)}
     pod = replace(_pod("p"), annotations=MappingProxyType(annotations))
     cluster = _cluster(pod)
-    ledger = KubePodLedger(cluster, NODE)
-    ledger.list_bound_pods_on_node()
-    assert ledger.mark_consumed(_ref("p"), CONSUMED) is True and cluster.pod_patches == []
+    store = KubePodRecords(cluster, NODE)
+    store.list_bound_pods_on_node()
+    assert store.mark_consumed(_ref("p"), CONSUMED) is True and cluster.pod_patches == []
 
 
-def test_endless_conflicts_give_up_with_a_ledger_error() -> None:
+def test_endless_conflicts_give_up_with_a_record_store_error() -> None:
+    """Endless conflicts give up after the configured attempts with a RecordStoreError."""
     cluster = _cluster(_pod("p", record=_record(0)))
-    ledger = KubePodLedger(cluster, NODE, write_attempts=3)
-    ledger.list_bound_pods_on_node()
+    store = KubePodRecords(cluster, NODE, write_attempts=3)
+    store.list_bound_pods_on_node()
 
     def touch() -> None:
         cluster.replace_pod(_stored(cluster, "p"))
 
     cluster.before_pod_patch = touch
-    with pytest.raises(LedgerError, match=r"kept changing \(3 conflicting attempts\)"):
-        ledger.mark_consumed(_ref("p"), CONSUMED)
+    with pytest.raises(RecordStoreError, match=r"kept changing \(3 conflicting attempts\)"):
+        store.mark_consumed(_ref("p"), CONSUMED)
     assert len(cluster.pod_patches) == 3
 
 
-def test_api_failures_are_ledger_errors() -> None:
+def test_api_failures_are_record_store_errors() -> None:
+    """API failures while reading or patching are RecordStoreErrors."""
     cluster = _cluster(_pod("p", record=_record(0)))
-    ledger = KubePodLedger(cluster, NODE)
+    store = KubePodRecords(cluster, NODE)
     cluster.fail_next = True  # the read
-    with pytest.raises(LedgerError, match="mark consumed ml/p: get pod: HTTP 500"):
-        ledger.mark_consumed(_ref("p"), CONSUMED)
-    ledger.list_bound_pods_on_node()
+    with pytest.raises(RecordStoreError, match="mark consumed ml/p: get pod: HTTP 500"):
+        store.mark_consumed(_ref("p"), CONSUMED)
+    store.list_bound_pods_on_node()
     cluster.fail_next = True  # the patch
-    with pytest.raises(LedgerError, match="patch pod: HTTP 500"):
-        ledger.mark_consumed(_ref("p"), CONSUMED)
+    with pytest.raises(RecordStoreError, match="patch pod: HTTP 500"):
+        store.mark_consumed(_ref("p"), CONSUMED)
     with pytest.raises(ValueError):
-        KubePodLedger(cluster, NODE, write_attempts=0)
+        KubePodRecords(cluster, NODE, write_attempts=0)
 
 
 def test_rewrite_allocation_replaces_the_record_and_the_consumption_in_one_patch() -> None:
+    """Rewriting a record replaces it and its consumption in one patch, and replays are idempotent."""
     annotations = {ALLOCATION_ANNOTATION: _record(0), CONSUMED_ANNOTATION: encode_consumption(CONSUMED)}
     cluster = _cluster(replace(_pod("p"), annotations=MappingProxyType(annotations)))
-    ledger = KubePodLedger(cluster, NODE)
-    ledger.list_bound_pods_on_node()
+    store = KubePodRecords(cluster, NODE)
+    store.list_bound_pods_on_node()
     new = Allocation(NODE, whole(1), generation=2, resources=((GPU, 1),))
-    assert ledger.rewrite_allocation(_ref("p"), 1, new, None) is True
+    assert store.rewrite_allocation(_ref("p"), 1, new, None) is True
     stored = _stored(cluster, "p")
     assert decode_allocation(stored.annotations[ALLOCATION_ANNOTATION]) == new
     assert CONSUMED_ANNOTATION not in stored.annotations and len(cluster.pod_patches) == 1
     # replaying the same rewrite (its answer was lost) succeeds without writing
-    assert ledger.rewrite_allocation(_ref("p"), 1, new, None) is True and len(cluster.pod_patches) == 1
+    assert store.rewrite_allocation(_ref("p"), 1, new, None) is True and len(cluster.pod_patches) == 1
     # another rewrite over generation 1 is moot now
     other = Allocation(NODE, whole(2), generation=2, resources=((GPU, 1),))
-    assert ledger.rewrite_allocation(_ref("p"), 1, other, Consumption(2, ("main",), (uuid(2),))) is False
+    assert store.rewrite_allocation(_ref("p"), 1, other, Consumption(2, ("main",), (uuid(2),))) is False
 
 
-def test_the_broker_hands_out_and_writes_back_through_the_kube_ledger() -> None:
+def test_the_broker_hands_out_and_writes_back_through_kube_pod_records() -> None:
+    """The broker hands out and writes back through KubePodRecords."""
     cluster = _cluster(_pod("train", 2, record=_record(2, 3)), _pod("plain"))
-    broker = AllocationBroker(inventory(4), KubePodLedger(cluster, NODE))
+    broker = AllocationBroker(inventory(4), KubePodRecords(cluster, NODE))
     broker.resync()
     spec = broker.allocate(GPU, [uuid(0), uuid(1)])
     assert spec.env("NVIDIA_VISIBLE_DEVICES") == f"{uuid(2)},{uuid(3)}"
@@ -325,5 +369,5 @@ def test_the_broker_hands_out_and_writes_back_through_the_kube_ledger() -> None:
     assert consumed.generation == 1 and consumed.containers == ("main",)
     assert broker.counters.allocations == 1 and broker.counters.id_mismatches == 1
     cluster.fail_next = True
-    with pytest.raises(LedgerError):
+    with pytest.raises(RecordStoreError):
         broker.reconcile()

@@ -9,6 +9,9 @@ Binding quirks handled here:
   integer caps index ourselves (`P2PCapability` values).
 - `NVML_NVLINK_MAX_LINKS` follows the header of the binding, not the GPU; every link number
   up to it is tried and per-link errors mean "no such link".
+
+It is a little over 400 lines on purpose: it is the one adapter class for every `NvmlReader`
+method, and keeping them beside `_call` / `_optional` keeps the error rule in one place.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from node_agent.nvml_reader import (
+from node_agent.sources.nvml_reader import (
     LINK_KIND_BY_NVML_LEVEL,
     P2P_STATUS_BY_CODE,
     Affinity,

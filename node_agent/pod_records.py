@@ -1,12 +1,16 @@
-"""The device plugin's `PodLedger` over the Kubernetes API (`ClusterApi`).
+"""`KubePodRecords`: the device plugin's `PodRecordStore` over the Kubernetes API (`NodeApi`).
 
-Reads are always fresh (a field-selected list of this node's pods); writes are merge patches of
-the pod's annotations with a resourceVersion precondition, so a record is only written over
-the very version whose generation was checked. On a conflict the pod is read again and the
-generation checked again, a bounded number of times.
+The allocation records live on the pods bound to this node. Reads are always fresh (a
+field-selected list of this node's pods); writes are merge patches of the pod's annotations
+with a resourceVersion precondition, so a record is only written over the very version whose
+generation was checked. On a conflict the pod is read again and the generation checked again,
+a bounded number of times.
 
 The last listing is remembered per pod: the first write attempt uses its resourceVersion, so
 the common case costs one PATCH. A stale remembered version only costs a conflict and a re-read.
+
+A pod whose container resources cannot be read (`PodInfo.spec_problem`) is logged once and
+asks for nothing the device plugin serves.
 """
 
 from __future__ import annotations
@@ -16,69 +20,58 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 
-from node_agent.deviceplugin.ledger import BoundPod, ContainerDemand, LedgerError, PodRef
-from node_agent.kube import ClusterApi, ContainerRequests, KubeConflict, KubeError, KubeNotFound, PodInfo
-from topology.allocation import (
-    ALLOCATION_ANNOTATION,
-    CONSUMED_ANNOTATION,
-    Allocation,
-    AllocationError,
-    Consumption,
-    decode_allocation,
-    encode_allocation,
-    encode_consumption,
-)
+from contract.allocation import Allocation, Consumption, encode_allocation, encode_consumption
+from contract.keys import ALLOCATION_ANNOTATION, CONSUMED_ANNOTATION
+from contract.pods import PodRef
+from node_agent.deviceplugin.record_store import BoundPod, RecordStoreError, record_generation
+from node_agent.kube import KubeConflict, KubeError, KubeNotFound, NodeApi, PodInfo
 
-log = logging.getLogger("node_agent.ledger")
+log = logging.getLogger("node_agent.pod_records")
 
 DEFAULT_WRITE_ATTEMPTS = 5
 
 
 def bound_pod(pod: PodInfo) -> BoundPod:
-    """The device plugin's view of a pod: init containers first (sidecars count as app
-    containers, `init=False`), then app containers, each in spec order."""
-    containers = tuple(_demand(c, init=not c.sidecar) for c in pod.init_containers) + tuple(
-        _demand(c, init=False) for c in pod.containers
-    )
+    """The device plugin's view of a pod (its container demands in admission order)."""
     return BoundPod(
         ref=PodRef(pod.namespace, pod.name, pod.uid),
         bound_at=_epoch(pod.bound_at),
-        containers=containers,
+        containers=pod.demands,
         annotations=pod.annotations,
     )
 
 
-def record_generation(annotations: Mapping[str, str]) -> int | None:
-    """The generation of the pod's allocation record; None when it has none or it is unreadable."""
-    text = annotations.get(ALLOCATION_ANNOTATION)
-    if text is None:
-        return None
-    try:
-        return decode_allocation(text).generation
-    except AllocationError:
-        return None
+class KubePodRecords:
+    """`PodRecordStore` for the pods bound to `node`. Thread-safe."""
 
-
-class KubePodLedger:
-    """`PodLedger` for the pods bound to `node`. Thread-safe."""
-
-    def __init__(self, cluster: ClusterApi, node: str, *, write_attempts: int = DEFAULT_WRITE_ATTEMPTS):
+    def __init__(self, api: NodeApi, node: str, *, write_attempts: int = DEFAULT_WRITE_ATTEMPTS):
         if write_attempts < 1:
             raise ValueError(f"write_attempts must be positive, got {write_attempts}")
-        self._cluster = cluster
+        self._api = api
         self._node = node
         self._attempts = write_attempts
         self._lock = threading.Lock()
         self._seen: dict[str, PodInfo] = {}  # by uid, from the last listing or write
+        self._reported: set[tuple[str, str]] = set()  # (uid, spec problem) already logged
 
     def list_bound_pods_on_node(self) -> Sequence[BoundPod]:
         try:
-            pods = self._cluster.list_node_pods(self._node)
+            pods = self._api.list_node_pods(self._node)
         except KubeError as exc:
-            raise LedgerError(f"cannot list the pods of node {self._node}: {exc}") from exc
+            raise RecordStoreError(f"cannot list the pods of node {self._node}: {exc}") from exc
         current = [p for p in pods if not p.finished and p.node_name in (self._node, "")]
         with self._lock:
             self._seen = {p.uid: p for p in current}
+            self._reported = {r for r in self._reported if r[0] in self._seen}  # forget departed pods
+            for p in current:
+                if p.spec_problem and (p.uid, p.spec_problem) not in self._reported:
+                    self._reported.add((p.uid, p.spec_problem))
+                    log.warning(
+                        "pod %s/%s: %s; it is served nothing by the device plugin",
+                        p.namespace,
+                        p.name,
+                        p.spec_problem,
+                    )
         return tuple(bound_pod(p) for p in current)
 
     def mark_consumed(self, pod: PodRef, consumption: Consumption) -> bool:
@@ -121,7 +114,7 @@ class KubePodLedger:
             if not holds:
                 return False
             try:
-                patched = self._cluster.patch_pod_annotations(
+                patched = self._api.patch_pod_annotations(
                     ref.namespace, ref.name, changes, current.resource_version
                 )
             except KubeConflict:
@@ -134,16 +127,16 @@ class KubePodLedger:
             except KubeNotFound:
                 return False
             except KubeError as exc:
-                raise LedgerError(f"{what} {ref}: {exc}") from exc
+                raise RecordStoreError(f"{what} {ref}: {exc}") from exc
             self._remember(patched)
             return True
-        raise LedgerError(f"{what} {ref}: the pod kept changing ({self._attempts} conflicting attempts)")
+        raise RecordStoreError(f"{what} {ref}: the pod kept changing ({self._attempts} conflicting attempts)")
 
     def _read(self, what: str, ref: PodRef) -> PodInfo | None:
         try:
-            pod = self._cluster.get_pod(ref.namespace, ref.name)
+            pod = self._api.get_pod(ref.namespace, ref.name)
         except KubeError as exc:
-            raise LedgerError(f"{what} {ref}: {exc}") from exc
+            raise RecordStoreError(f"{what} {ref}: {exc}") from exc
         if pod is not None:
             self._remember(pod)
         return pod
@@ -151,10 +144,6 @@ class KubePodLedger:
     def _remember(self, pod: PodInfo) -> None:
         with self._lock:
             self._seen[pod.uid] = pod
-
-
-def _demand(container: ContainerRequests, init: bool) -> ContainerDemand:
-    return ContainerDemand(container.name, container.resources, init)
 
 
 def _epoch(when: dt.datetime | None) -> float:

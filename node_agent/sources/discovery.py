@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TypeVar
 
-from node_agent.nvml_reader import (
+from node_agent.sources.nvml_reader import (
     Affinity,
     DeviceIdentity,
     MigInfo,

@@ -1,6 +1,10 @@
-"""What the device plugin needs from the cluster, as a Protocol, plus an in-memory fake.
+"""Where the device plugin reads and writes allocation records: the pods bound to this node.
 
-The Kubernetes adapter implements `PodLedger`; the device plugin never talks to the API itself.
+The extender writes a pod's record (`linkpack.io/allocation`) with its Binding; the plugin reads
+the records back from the pods, and writes `linkpack.io/consumed` (and, after a swap, rewritten
+records) onto them. `PodRecordStore` is that access as a Protocol; `pod_records.KubePodRecords`
+implements it over the API and `InMemoryPodRecords` over a dict. The plugin never talks to the
+API itself. (This is not the extender's per-node ledger ConfigMap, `contract.ledger`.)
 """
 
 from __future__ import annotations
@@ -10,9 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from topology.allocation import (
-    ALLOCATION_ANNOTATION,
-    CONSUMED_ANNOTATION,
+from contract.allocation import (
     Allocation,
     AllocationError,
     Consumption,
@@ -20,42 +22,19 @@ from topology.allocation import (
     encode_allocation,
     encode_consumption,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class PodRef:
-    namespace: str
-    name: str
-    uid: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerDemand:
-    """One container's extended-resource requests (limits), e.g. (("nvidia.com/gpu", 2),).
-
-    `init` is True for init containers that run to completion before the app containers; the
-    kubelet hands their devices on to later containers. Sidecars (restartable init containers)
-    keep their devices for the pod's life and count as app containers here (`init=False`).
-    """
-
-    name: str
-    resources: tuple[tuple[str, int], ...]
-    init: bool = False
-
-    def amount(self, resource: str) -> int:
-        return sum(n for r, n in self.resources if r == resource)
+from contract.keys import ALLOCATION_ANNOTATION, CONSUMED_ANNOTATION
+from contract.pod_demand import ContainerDemand
+from contract.pods import PodRef
 
 
 @dataclass(frozen=True)
 class BoundPod:
     """A pod bound to this node that has not terminated.
 
-    `containers`: init containers first, then app containers, each in spec order (the order in
-    which the kubelet admits them). `bound_at`: when it was bound (the PodScheduled condition's
-    transition time, else the creation time), in seconds since the epoch.
+    `containers`: what each container asks for (`contract.pod_demand.container_demands`: init
+    containers, plain and sidecar, then app containers, in the order the kubelet admits them).
+    `bound_at`: when it was bound (the PodScheduled condition's transition time, else the
+    creation time), in seconds since the epoch.
     """
 
     ref: PodRef
@@ -64,11 +43,11 @@ class BoundPod:
     annotations: Mapping[str, str] = field(default_factory=dict)
 
 
-class LedgerError(RuntimeError):
-    """The cluster could not be read or written; the message says what failed."""
+class RecordStoreError(RuntimeError):
+    """The pods could not be read or written; the message says what failed."""
 
 
-class PodLedger(Protocol):
+class PodRecordStore(Protocol):
     """The pods of this node and their Linkpack annotations."""
 
     def list_bound_pods_on_node(self) -> Sequence[BoundPod]:
@@ -90,8 +69,8 @@ class PodLedger(Protocol):
         ...
 
 
-class InMemoryPodLedger:
-    """A PodLedger over a dict, for tests and demos. Thread-safe; records every write."""
+class InMemoryPodRecords:
+    """A PodRecordStore over a dict, for tests and demos. Thread-safe; records every write."""
 
     def __init__(self, pods: Sequence[BoundPod] = ()) -> None:
         self._lock = threading.Lock()
@@ -137,9 +116,9 @@ class InMemoryPodLedger:
     def _patch(self, what: str, pod: PodRef, generation: int, changes: dict[str, str | None]) -> bool:
         with self._lock:
             if self.fail_writes:
-                raise LedgerError(f"{what} {pod}: injected failure")
+                raise RecordStoreError(f"{what} {pod}: injected failure")
             stored = self._pods.get(pod.uid)
-            if stored is None or _record_generation(stored) != generation:
+            if stored is None or record_generation(stored.annotations) != generation:
                 return False
             annotations = dict(stored.annotations)
             for key, value in changes.items():
@@ -152,8 +131,9 @@ class InMemoryPodLedger:
             return True
 
 
-def _record_generation(pod: BoundPod) -> int | None:
-    text = pod.annotations.get(ALLOCATION_ANNOTATION)
+def record_generation(annotations: Mapping[str, str]) -> int | None:
+    """The generation of the pod's allocation record; None when it has none or it is unreadable."""
+    text = annotations.get(ALLOCATION_ANNOTATION)
     if text is None:
         return None
     try:

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from node_agent.nvml_reader import (
+from node_agent.sources.nvml_reader import (
     NVLINK_VERSION_BY_GENERATION,
     Affinity,
     DeviceIdentity,

@@ -1,51 +1,40 @@
-"""The node agent loop: discover, publish, watch health, police memory, serve metrics.
+"""The node agent loop: discover, watch health, follow cordons, police memory, publish.
 
-`Agent` owns the decisions of one node and is driven by `run` (or by `poll` /
-`handle_event` directly in tests). `main` wires the real or simulated sources to it, starts
-the HTTP endpoints of `agent_http` on the metrics port and, after the first poll, the kubelet
-device plugins (`start_device_plugins`), which follow the agent's health and topology.
+`Agent` owns the decisions of one node and is driven by `run` (or by `poll` / `handle_event`
+directly in tests). Each poll samples the GPUs, re-checks unhealthy ones, reads the cordon
+annotation (`contract.cordons`), rediscovers now and then, runs the memory watchdog and
+publishes the GpuTopology status (`publisher`), which also carries the heartbeat. Listeners
+(the device plugins, see `wiring`) are told the topology and health after every poll and every
+health change. It is built by `wiring` and knows nothing of HTTP or gRPC.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from node_agent.agent_http import serve_http
-from node_agent.config import AgentConfig, agent_version, parse_args
-from node_agent.deviceplugin.container_spec import SharingConfig
-from node_agent.deviceplugin.server import PluginConfig
-from node_agent.discovery import Discovery, DiscoveryError, discover
+from contract.cordons import parse_cordons
+from contract.gpu_topology import TopologyStatus, encode_status
+from contract.keys import CORDON_ANNOTATION
+from node_agent.config import AgentConfig, agent_version
 from node_agent.health import (
-    CORDON_ANNOTATION,
-    CordonError,
     GpuHealth,
     HealthChange,
     HealthPolicy,
     HealthTracker,
     ecc_fault,
-    parse_cordon_annotation,
-    unknown_cordoned,
     unreadable_fault,
 )
-from node_agent.kube import AgentEvent, ClusterApi, KubeError, KubernetesClusterApi
+from node_agent.kube import AgentEvent, KubeError, NodeApi
 from node_agent.metrics import AgentMetrics, GpuSample
-from node_agent.nvml_pynvml import PynvmlReader
-from node_agent.nvml_reader import NvmlError, NvmlReader, NvmlUnavailable, XidEvent
-from node_agent.nvml_simulated import SimulatedNvml
-from node_agent.plugin_host import DevicePluginHost, DevicePluginSettings, install_shim
-from node_agent.pod_ledger import KubePodLedger
-from node_agent.publisher import Publisher, health_entries
-from node_agent.smi_runner import SmiError, run_topo_matrix
+from node_agent.mps import mps_active
+from node_agent.publisher import Publisher, node_status
+from node_agent.sources.discovery import Discovery, DiscoveryError, discover
+from node_agent.sources.nvml_reader import NvmlError, NvmlReader, XidEvent
 from node_agent.watchdog import Watchdog
-from topology.catalog import MACHINES, CatalogError, topo_dir
 from topology.codec import encode_topology
 from topology.model import NodeTopology
 
@@ -55,88 +44,23 @@ log = logging.getLogger("node_agent")
 HealthListener = Callable[[NodeTopology, tuple[GpuHealth, ...]], None]
 
 
-@dataclass(frozen=True)
-class DevicePluginContext:
-    """What the device plugins get from the agent when they are started."""
-
-    config: AgentConfig
-    agent: Agent
-    reader: NvmlReader | None
-    cluster: ClusterApi | None
-    stop: threading.Event
-
-
-def start_device_plugins(context: DevicePluginContext) -> Callable[[], None] | None:
-    """Start the kubelet device plugins (node_agent.deviceplugin) of this node.
-
-    Called once after the first discovery and publish. They serve the devices of
-    `context.agent.topology`, hand out what the pods' allocation records say (read and written
-    back through `KubePodLedger`), advertise unhealthy or cordoned GPUs as Unhealthy after every
-    poll, and export their counters on the agent's metrics. Returns the function that stops
-    them, or None when they are off: `--no-device-plugin`, or no cluster (`--no-kube`; without
-    the API there are no allocation records, so every request would be refused), or they could
-    not start (logged; the agent keeps publishing and watching health).
-    """
-    config, agent = context.config, context.agent
-    if not config.device_plugin:
-        log.info("device plugins off (--no-device-plugin)")
-        return None
-    if context.cluster is None:
-        log.info("device plugins off: no cluster to read allocation records from")
-        return None
-    if not Path(config.device_plugin_dir).is_dir():  # checked first: no shim is installed then
-        log.error("device plugins off: %s is not a directory (is a kubelet here?)", config.device_plugin_dir)
-        return None
-    host = DevicePluginHost(
-        device_plugin_settings(config, prepare_shim(config.shim_host_dir)),
-        KubePodLedger(context.cluster, config.node_name),
-    )
-    if not host.start(agent.topology, agent.health()):
-        return None
-    agent.metrics.watch_device_plugins(host.stats)
-    agent.add_health_listener(host.update)
-    return host.stop
-
-
-def device_plugin_settings(config: AgentConfig, shim_dir: str | None) -> DevicePluginSettings:
-    return DevicePluginSettings(
-        plugin=PluginConfig(
-            plugin_dir=config.device_plugin_dir, pod_resources_socket=config.pod_resources_socket
-        ),
-        sharing=SharingConfig(shim_host_dir=shim_dir, mps_pipe_dir=config.mps_pipe_dir),
-        units_per_gpu=config.units_per_gpu,
-    )
-
-
-def prepare_shim(directory: str | None) -> str | None:
-    """Copy the framework shim to `directory` for the kubelet to mount; None (and containers
-    get no shim) when there is no directory or it cannot be written."""
-    if directory is None:
-        return None
-    try:
-        install_shim(directory)
-    except OSError as exc:
-        log.error("cannot install the framework shim in %s, shares go without it: %s", directory, exc)
-        return None
-    return directory
-
-
 class Agent:
     def __init__(
         self,
         config: AgentConfig,
         reader: NvmlReader | None,
-        cluster: ClusterApi | None,
+        api: NodeApi | None,
         metrics: AgentMetrics,
         topo_text: Callable[[], str | None] = lambda: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.reader = reader
-        self.cluster = cluster
+        self.api = api
         self.metrics = metrics
         self._topo_text = topo_text
         self._clock = clock
+        self._version = agent_version()
         self.discovery = self._discover()
         gpus = [(g.index, g.uuid) for g in self.topology.gpus]
         policy = HealthPolicy(
@@ -146,9 +70,7 @@ class Agent:
         )
         self.tracker = HealthTracker(gpus, policy, clock)
         self.publisher = (
-            Publisher(cluster, config.node_name, agent_version(), config.heartbeat_interval_s, clock)
-            if cluster is not None
-            else None
+            Publisher(api, config.node_name, config.heartbeat_interval_s, clock) if api is not None else None
         )
         self.watchdog = (
             Watchdog(
@@ -162,7 +84,7 @@ class Agent:
             else None
         )
         self._discovered_at = clock()
-        self._cordon_error = ""
+        self._cordon_problems: tuple[str, ...] = ()
         self._health_listeners: list[HealthListener] = []
         self.last_loop_at = clock()
         if self.publisher is not None:
@@ -175,6 +97,17 @@ class Agent:
     def health(self) -> tuple[GpuHealth, ...]:
         return self.tracker.snapshot()
 
+    def status(self) -> TopologyStatus:
+        """The GpuTopology status this node publishes now (without its heartbeat)."""
+        return node_status(
+            self.topology,
+            self.tracker.snapshot(),
+            self._version,
+            mps_active=mps_active(self.config.mps_pipe_dir),
+            interposer_available=False,  # not delivered into containers yet (container_spec)
+            cordon_problems=self._cordon_problems,
+        )
+
     def add_health_listener(self, listener: HealthListener) -> None:
         """Call `listener(topology, health)` after every poll and every health change."""
         self._health_listeners.append(listener)
@@ -182,6 +115,16 @@ class Agent:
     def stalled(self) -> bool:
         """The loop has not polled for a while (for /healthz)."""
         return self._clock() - self.last_loop_at > 3 * self.config.poll_interval_s + 30
+
+    def state(self) -> dict[str, Any]:
+        """What /debug/state shows: the topology, where its facts came from, and the status."""
+        return {
+            "node": self.config.node_name,
+            "topology": encode_topology(self.topology),
+            "sources": dict(self.discovery.sources),
+            "warnings": list(self.discovery.warnings),
+            "status": encode_status(self.status(), with_heartbeat=False),
+        }
 
     # ------------------------------------------------------------------ the loop
 
@@ -297,32 +240,37 @@ class Agent:
         return (fault is None, fault.reason if fault else "readable, ECC within limits")
 
     def _refresh_cordons(self) -> tuple[HealthChange, ...]:
-        if self.cluster is None:
+        """Follow the cordon annotation. Its valid entries are cordoned; what is wrong with the
+        others (and cordons of GPUs this node does not have) is published in the status and
+        raised as a Node event when it changes. When the node cannot be read, nothing changes."""
+        if self.api is None:
             return ()
         try:
-            raw = self.cluster.get_node_annotations(self.config.node_name).get(CORDON_ANNOTATION)
-            cordoned = parse_cordon_annotation(raw)
+            raw = self.api.get_node_annotations(self.config.node_name).get(CORDON_ANNOTATION)
         except KubeError as exc:
             log.warning("cannot read node annotations: %s", exc)
             return ()
-        except CordonError as exc:
-            if str(exc) != self._cordon_error:
-                self._cordon_error = str(exc)
-                log.error("%s; keeping the previous cordons", exc)
+        cordons = parse_cordons(raw)
+        unknown = cordons.unknown(g.uuid for g in self.topology.gpus)
+        problems = (
+            *cordons.problems,
+            *(f"{CORDON_ANNOTATION}: {uuid} is not a GPU of this node" for uuid in unknown),
+        )
+        if problems != self._cordon_problems:
+            self._cordon_problems = problems
+            if problems:
+                message = "; ".join(problems)
+                log.error("%s", message)
                 self._emit(
-                    AgentEvent("BadCordonAnnotation", str(exc), "Node", self.config.node_name, warning=True)
+                    AgentEvent("BadCordonAnnotation", message, "Node", self.config.node_name, warning=True)
                 )
-            return ()
-        self._cordon_error = ""
-        for uuid in unknown_cordoned(cordoned, (g.uuid for g in self.topology.gpus)):
-            log.warning("%s names %s, which is not a GPU of this node", CORDON_ANNOTATION, uuid)
-        return self.tracker.set_cordoned(cordoned)
+        return self.tracker.set_cordoned(cordons.uuids)
 
     def _police_memory(self) -> None:
-        if self.watchdog is None or self.cluster is None:
+        if self.watchdog is None or self.api is None:
             return
         try:
-            pods = self.cluster.list_node_pods(self.config.node_name)
+            pods = self.api.list_node_pods(self.config.node_name)
         except KubeError as exc:
             log.warning("cannot list pods for the memory watchdog: %s", exc)
             return
@@ -350,10 +298,10 @@ class Agent:
                 log.exception("a health listener failed")
         if self.publisher is None:
             return
-        outcome = self.publisher.publish(self.topology, health)
+        outcome = self.publisher.publish(self.topology, self.status())
         if outcome.error:
             self.metrics.publish_failed()
-            log.warning("publishing the GpuTopology record failed (%s): %s", outcome.plan.why, outcome.error)
+            log.warning("publishing the GpuTopology failed (%s): %s", outcome.plan.why, outcome.error)
         elif outcome.wrote_status:
             self.metrics.published(self._clock())
 
@@ -371,93 +319,9 @@ class Agent:
             )
 
     def _emit(self, event: AgentEvent) -> None:
-        if self.cluster is None:
+        if self.api is None:
             return
         try:
-            self.cluster.emit_event(event)
+            self.api.emit_event(event)
         except KubeError as exc:
             log.warning("cannot emit event %s: %s", event.reason, exc)
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "node": self.config.node_name,
-            "topology": encode_topology(self.topology),
-            "sources": dict(self.discovery.sources),
-            "warnings": list(self.discovery.warnings),
-            "gpuHealth": health_entries(self.tracker.snapshot()),
-        }
-
-
-# ----------------------------------------------------------------------------- wiring
-
-
-def open_sources(
-    config: AgentConfig,
-) -> tuple[NvmlReader | None, SimulatedNvml | None, Callable[[], str | None]]:
-    """(reader, the simulation if any, a function giving `topo -m` text or None)."""
-    if config.simulate is not None:
-        sim = SimulatedNvml.from_machine(config.simulate, node_name=config.node_name)
-        text = simulated_topo_text(config.simulate)
-        return sim, sim, lambda: text
-    reader: NvmlReader | None = None
-    try:
-        reader = PynvmlReader.open()
-    except NvmlUnavailable as exc:
-        log.warning("NVML unavailable, relying on nvidia-smi topo -m: %s", exc)
-
-    def topo_text() -> str | None:
-        if not config.use_smi:
-            return None
-        try:
-            return run_topo_matrix(config.nvidia_smi)
-        except SmiError as exc:
-            log.warning("%s", exc)
-            return None
-
-    return reader, None, topo_text
-
-
-def simulated_topo_text(name_or_path: str) -> str | None:
-    """The `topo -m` capture behind a simulated machine, so simulate mode merges both sources."""
-    profile = MACHINES.get(name_or_path)
-    path = topo_dir() / profile.file if profile is not None else Path(name_or_path)
-    return path.read_text() if path.is_file() else None
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    config = parse_args(argv)
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cluster: ClusterApi | None = None
-    try:
-        reader, simulated, topo_text = open_sources(config)
-        if config.use_kube:
-            cluster = KubernetesClusterApi.from_config(config.node_name, config.kubeconfig)
-        agent = Agent(config, reader, cluster, AgentMetrics(), topo_text)
-    except (CatalogError, DiscoveryError, KubeError, OSError) as exc:
-        log.error("cannot start: %s", exc)
-        return 2
-    if config.print_discovery:
-        print(json.dumps(agent.state(), indent=2, sort_keys=True))
-        return 0
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    server = (
-        serve_http(agent, simulated, config.metrics_host, config.metrics_port)
-        if config.metrics_port
-        else None
-    )
-    agent.poll()
-    stop_plugins = start_device_plugins(DevicePluginContext(config, agent, reader, cluster, stop))
-    log.info("agent running on node %s with %d GPUs", config.node_name, agent.topology.gpu_count)
-    try:
-        agent.run(stop)
-    finally:
-        log.info("agent stopping")
-        if stop_plugins is not None:
-            stop_plugins()
-        if server is not None:
-            server.shutdown()
-        if reader is not None:
-            reader.close()
-    return 0

@@ -1,0 +1,59 @@
+"""Which sources a run of the agent reads: a simulated machine, or real NVML and `nvidia-smi`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from node_agent.sources.nvml_pynvml import PynvmlReader
+from node_agent.sources.nvml_reader import NvmlReader, NvmlUnavailable
+from node_agent.sources.nvml_simulated import SimulatedNvml
+from node_agent.sources.smi_runner import SmiError, run_topo_matrix
+from topology.catalog import MACHINES, topo_dir
+
+log = logging.getLogger("node_agent.sources")
+
+
+@dataclass(frozen=True)
+class NodeSources:
+    """The NVML reader (None without NVML), the simulation behind it if any, and a function
+    giving `nvidia-smi topo -m` text (None when there is none)."""
+
+    reader: NvmlReader | None
+    simulated: SimulatedNvml | None
+    topo_text: Callable[[], str | None]
+
+
+def open_sources(simulate: str | None, node_name: str, *, use_smi: bool, nvidia_smi: str) -> NodeSources:
+    """A simulated machine (catalog name or `topo -m` file) when `simulate` is set, else the real
+    NVML (when it loads) and `nvidia-smi` (unless `use_smi` is off). Raises CatalogError and
+    OSError for a simulated machine that cannot be loaded."""
+    if simulate is not None:
+        sim = SimulatedNvml.from_machine(simulate, node_name=node_name)
+        text = simulated_topo_text(simulate)
+        return NodeSources(sim, sim, lambda: text)
+    reader: NvmlReader | None = None
+    try:
+        reader = PynvmlReader.open()
+    except NvmlUnavailable as exc:
+        log.warning("NVML unavailable, relying on nvidia-smi topo -m: %s", exc)
+
+    def topo_text() -> str | None:
+        if not use_smi:
+            return None
+        try:
+            return run_topo_matrix(nvidia_smi)
+        except SmiError as exc:
+            log.warning("%s", exc)
+            return None
+
+    return NodeSources(reader, None, topo_text)
+
+
+def simulated_topo_text(name_or_path: str) -> str | None:
+    """The `topo -m` capture behind a simulated machine, so simulate mode merges both sources."""
+    profile = MACHINES.get(name_or_path)
+    path = topo_dir() / profile.file if profile is not None else Path(name_or_path)
+    return path.read_text() if path.is_file() else None
