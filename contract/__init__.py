@@ -11,5 +11,6 @@ does I/O or imports a third-party library. Each module owns one contract:
 - `contract.cordons`: the node annotation that keeps GPUs out of new placements;
 - `contract.gpu_topology`: the GpuTopology object (spec and status) a node publishes;
 - `contract.allocation`: the allocation and consumed records carried on a pod;
-- `contract.ledger`: the per-node ledger ConfigMap that makes GPU accounting race-free.
+- `contract.ledger`: the per-node ledger ConfigMap that makes GPU accounting race-free;
+- `contract.scheduling_policy`: the GpuSchedulingPolicy objects platform teams write.
 """

@@ -46,6 +46,16 @@ class GpuHealthEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuPower:
+    """A GPU's power limit now and the range it may be set within (NVML), in watts."""
+
+    index: int
+    limit_w: int
+    min_w: int = 0
+    max_w: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class TopologyStatus:
     """The status of a GpuTopology object (without its heartbeat: see `encode_status`)."""
 
@@ -54,6 +64,9 @@ class TopologyStatus:
     agent_version: str = ""
     mps_active: bool = False  # a healthy MPS control daemon serves this node's shares
     interposer_available: bool = False  # the node can load the CUDA interposer into share containers
+    driver_version: str = ""  # the NVIDIA driver, e.g. "550.54.15" ("" unknown)
+    cuda_driver_version: str = ""  # the highest CUDA version that driver runs, e.g. "12.4"
+    gpu_power: tuple[GpuPower, ...] = ()
     cordon_problems: tuple[str, ...] = ()
     heartbeat: str = ""  # RFC 3339; "" when never written
 
@@ -91,6 +104,11 @@ def encode_status(status: TopologyStatus, *, with_heartbeat: bool = True) -> dic
         "agentVersion": status.agent_version,
         "mps": {"active": status.mps_active},
         "interposer": {"available": status.interposer_available},
+        "driver": {"version": status.driver_version, "cudaVersion": status.cuda_driver_version},
+        "gpuPower": [
+            {"index": p.index, "limitW": p.limit_w, "minW": p.min_w, "maxW": p.max_w}
+            for p in status.gpu_power
+        ],
         "cordonProblems": list(status.cordon_problems),
     }
     if with_heartbeat and status.heartbeat:
@@ -110,12 +128,19 @@ def decode_status(raw: object, node: str = "?") -> TopologyStatus:
     )
     mps = _object(doc.get("mps") or {}, f"{where}.mps")
     interposer = _object(doc.get("interposer") or {}, f"{where}.interposer")
+    driver = _object(doc.get("driver") or {}, f"{where}.driver")
     return TopologyStatus(
         gpu_health=health,
         gpu_count=_int(doc.get("gpuCount", 0), f"{where}.gpuCount"),
         agent_version=_str(doc.get("agentVersion", ""), f"{where}.agentVersion"),
         mps_active=_bool(mps.get("active", False), f"{where}.mps.active"),
         interposer_available=_bool(interposer.get("available", False), f"{where}.interposer.available"),
+        driver_version=_str(driver.get("version", ""), f"{where}.driver.version"),
+        cuda_driver_version=_str(driver.get("cudaVersion", ""), f"{where}.driver.cudaVersion"),
+        gpu_power=tuple(
+            _power(entry, f"{where}.gpuPower[{i}]")
+            for i, entry in enumerate(_list(doc.get("gpuPower"), f"{where}.gpuPower"))
+        ),
         cordon_problems=tuple(
             _str(p, f"{where}.cordonProblems[{i}]")
             for i, p in enumerate(_list(doc.get("cordonProblems"), f"{where}.cordonProblems"))
@@ -182,6 +207,18 @@ def _health(raw: object, where: str) -> GpuHealthEntry:
         since=_str(doc.get("since", ""), f"{where}.since"),
         severity=_str(doc.get("severity", ""), f"{where}.severity"),
         cordoned=_bool(doc.get("cordoned", False), f"{where}.cordoned"),
+    )
+
+
+def _power(raw: object, where: str) -> GpuPower:
+    doc = _object(raw, where)
+    if "index" not in doc or "limitW" not in doc:
+        raise GpuTopologyError(f"{where}: 'index' and 'limitW' are required")
+    return GpuPower(
+        index=_int(doc["index"], f"{where}.index"),
+        limit_w=_int(doc["limitW"], f"{where}.limitW"),
+        min_w=_int(doc.get("minW", 0), f"{where}.minW"),
+        max_w=_int(doc.get("maxW", 0), f"{where}.maxW"),
     )
 
 

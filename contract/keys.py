@@ -25,6 +25,8 @@ NEAR_NIC_ANNOTATION = "linkpack.io/near-nic"
 MIN_LINK_ANNOTATION = "linkpack.io/min-link-gbps"
 #: high | normal | low: how a share's kernels yield to the other sharers of its GPU.
 COMPUTE_PRIORITY_ANNOTATION = "linkpack.io/compute-priority"
+#: MAJOR.MINOR: the CUDA version the pod's containers need of the node's driver.
+CUDA_VERSION_ANNOTATION = "linkpack.io/cuda-version"
 #: "off": run a share without the CUDA interposer (reported as weaker, cooperative enforcement).
 INTERPOSER_ANNOTATION = "linkpack.io/interposer"
 

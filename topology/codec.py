@@ -258,8 +258,11 @@ def _enum(item: Mapping[str, Any], key: str, enum: type[_E], where: str) -> _E:
 
 
 def _string_list(value: object, where: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+    if not isinstance(value, list):
         raise CodecError(f"{where}: expected a list of strings")
+    for position, item in enumerate(value):
+        if not isinstance(item, str):
+            raise CodecError(f"{where}[{position}]: expected a string, got {type(item).__name__}")
     return list(value)
 
 

@@ -114,7 +114,7 @@ def synthetic_two_gpu() -> NodeTopology:
         (lambda d: d["nicLinks"][0].update(nic=3), "nicLinks[0].nic: 3 is not a listed index"),
         (lambda d: d["nics"].append("mlx5_1"), "nics[1]: expected an object"),
         (lambda d: d.update(nvswitch="yes"), "topology.nvswitch: expected bool"),
-        (lambda d: d.update(warnings=[1]), "warnings: expected a list of strings"),
+        (lambda d: d.update(warnings=[1]), "warnings[0]: expected a string"),
         (lambda d: d["sources"].append({"fact": "x"}), "sources[0].source: missing"),
         (lambda d: d.update(contentHash="0" * 64), "contentHash: '000"),
     ],
