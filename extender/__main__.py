@@ -36,6 +36,10 @@ def handlers_for(service: ExtenderService) -> WatchHandlers:
         pod=s.apply_pod,
         pod_deleted=s.remove_pod,
         synced=s.mark_synced,
+        policy=s.apply_policy,
+        policy_deleted=s.remove_policy,
+        namespace=s.apply_namespace,
+        namespace_deleted=s.remove_namespace,
     )
 
 

@@ -21,6 +21,7 @@ from contract.ledger import Ledger, LedgerEntry
 from contract.node_state import build_node_state
 from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, ClusterApi
 from extender.cluster_store import ClusterStore
+from extender.decisions import driver_misfit
 from extender.config import ExtenderConfig
 from extender.pod_requests import PodRequest, RequestError, read_pod_request, scheduler_mismatch
 from topology.placement import place
@@ -77,7 +78,7 @@ class Binder:
         wrong_scheduler = scheduler_mismatch(pod.manifest, self._config.scheduler_name)
         if wrong_scheduler:
             return BindResult(error=wrong_scheduler)
-        parsed = read_pod_request(pod.manifest, self._config)
+        parsed = read_pod_request(pod.manifest, self._config, self._store.snapshot().book)
         if isinstance(parsed, RequestError):
             return BindResult(error=parsed.message)
         if parsed is None:
@@ -129,7 +130,9 @@ class Binder:
             facts.cordons if facts is not None else None,
             facts.unschedulable if facts is not None else False,
         )
-        outcome = place(node_state, pod.request, pod.policy)
+        outcome = driver_misfit(pod.cuda_version, node.published.status) or place(
+            node_state, pod.request, pod.policy
+        )
         if isinstance(outcome, Misfit):
             return outcome
         allocation = Allocation(

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from contract.gpu_topology import PublishedTopology
 from contract.ledger import Ledger
+from contract.scheduling_policy import SchedulingPolicy
 from extender.snapshot import NodeFacts, TrackedPod
 
 
@@ -48,6 +49,10 @@ class WatchHandlers:
     pod: Callable[[TrackedPod], None]
     pod_deleted: Callable[[str], None]
     synced: Callable[[str], None]
+    policy: Callable[[str, SchedulingPolicy | None, str], None]  # name, policy or None, problem
+    policy_deleted: Callable[[str], None]
+    namespace: Callable[[str, str | None], None]  # name, default policy it names
+    namespace_deleted: Callable[[str], None]
 
 
 @dataclass(frozen=True, slots=True)

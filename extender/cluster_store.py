@@ -17,7 +17,8 @@ from types import MappingProxyType
 from contract.gpu_topology import PublishedTopology
 from contract.ledger import Ledger
 from contract.node_state import build_node_state
-from extender.snapshot import ClusterSnapshot, NodeEntry, NodeFacts, TrackedPod
+from contract.scheduling_policy import SchedulingPolicy
+from extender.snapshot import ClusterSnapshot, NodeEntry, NodeFacts, PolicyBook, TrackedPod
 from topology.accounting import Overcommit
 from topology.workload import GpuGrant, NodeState
 
@@ -51,6 +52,9 @@ class ClusterStore:
         self._change_base = 0
         self._snapshot: ClusterSnapshot | None = ClusterSnapshot()
         self._pods_view: tuple[Mapping[str, TrackedPod], Mapping[str, str]] | None = None
+        self._policies: dict[str, SchedulingPolicy | str] = {}
+        self._namespace_defaults: dict[str, str] = {}
+        self._book: PolicyBook = PolicyBook()
 
     # ------------------------------------------------------------------ writers
 
@@ -115,6 +119,36 @@ class ClusterStore:
             if parts is not None and parts.in_flight.pop(uid, None) is not None:
                 self._bump(node, parts)
 
+    def apply_policy(self, name: str, policy: SchedulingPolicy | None, problem: str = "") -> None:
+        """A GpuSchedulingPolicy (None with `problem`: it exists but cannot be used)."""
+        with self._lock:
+            self._policies[name] = policy if policy is not None else problem
+            self._book_changed()
+
+    def remove_policy(self, name: str) -> None:
+        with self._lock:
+            if self._policies.pop(name, None) is not None:
+                self._book_changed()
+
+    def apply_namespace(self, name: str, default_policy: str | None) -> None:
+        with self._lock:
+            if self._namespace_defaults.get(name) == default_policy:
+                return
+            if default_policy:
+                self._namespace_defaults[name] = default_policy
+            else:
+                self._namespace_defaults.pop(name, None)
+            self._book_changed()
+
+    def remove_namespace(self, name: str) -> None:
+        self.apply_namespace(name, None)
+
+    def _book_changed(self) -> None:
+        self._book = PolicyBook(
+            MappingProxyType(dict(self._policies)), MappingProxyType(dict(self._namespace_defaults))
+        )
+        self._snapshot = None
+
     def mark_synced(self, kind: str) -> None:
         with self._lock:
             if kind not in self._synced:
@@ -141,6 +175,7 @@ class ClusterStore:
                 pods=pods,
                 pod_uids=pod_uids,
                 synced=frozenset(self._synced),
+                book=self._book,
             )
             return current
 

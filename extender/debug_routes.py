@@ -114,7 +114,7 @@ def evaluate_manifest(service: ExtenderService, body: Any) -> Evaluation | str:
     problem = pod_manifest_problem(body)
     if problem is not None:
         return problem
-    parsed = read_pod_request(body, service.config)
+    parsed = read_pod_request(body, service.config, service.store.snapshot().book)
     if parsed is None:
         names = service.config.resources
         return (

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from contract.gpu_topology import TopologyStatus
+from contract.scheduling_policy import cuda_version_tuple
 from extender.cluster_store import ClusterStore
 from extender.pod_requests import PodRequest
 from extender.snapshot import ClusterSnapshot
@@ -37,6 +39,25 @@ class FilterOutcome:
 _NO_TOPOLOGY = Misfit(MisfitReason.NO_TOPOLOGY, resolvable=False)
 
 
+def driver_misfit(needed: str, status: TopologyStatus) -> Misfit | None:
+    """Why the node's driver cannot run a pod that needs CUDA `needed` ("" needs nothing), or None.
+    Forward-compatibility packages inside the image are not seen here: the driver decides."""
+    wanted = cuda_version_tuple(needed) if needed else None
+    if wanted is None:
+        return None
+    have = cuda_version_tuple(status.cuda_driver_version)
+    if have is None:
+        return Misfit(MisfitReason.DRIVER_UNKNOWN, False, f"the pod needs CUDA {needed}")
+    if have < wanted:
+        driver = f"driver {status.driver_version}" if status.driver_version else "the driver"
+        return Misfit(
+            MisfitReason.DRIVER_TOO_OLD,
+            False,
+            f"{driver} runs CUDA up to {status.cuda_driver_version}, the pod needs {needed}",
+        )
+    return None
+
+
 @dataclass
 class _FilterMemo:
     """The last filter answer for one node list, and the cluster generation it was true at."""
@@ -53,9 +74,10 @@ class _FilterMemo:
 class _Memo:
     """Per node: (state version, placement outcome), (state version, scoring terms); per list: filter."""
 
-    __slots__ = ("filters", "lock", "outcomes", "rankings", "terms")
+    __slots__ = ("cuda", "filters", "lock", "outcomes", "rankings", "terms")
 
-    def __init__(self) -> None:
+    def __init__(self, cuda: str = "") -> None:
+        self.cuda = cuda  # the CUDA version the request needs of a node's driver ("" any)
         self.lock = threading.Lock()
         self.outcomes: dict[str, tuple[int, Outcome]] = {}
         self.terms: dict[str, tuple[int, RawTerms]] = {}
@@ -68,23 +90,25 @@ class Decider:
 
     def __init__(self, store: ClusterStore) -> None:
         self._store = store
-        self._memos: dict[tuple[Request, Policy], _Memo] = {}
+        self._memos: dict[tuple[Request, Policy, str], _Memo] = {}
         self._lock = threading.Lock()
         self._fragmentation = default_fragmentation()
 
-    def _memo(self, request: Request, policy: Policy) -> _Memo:
-        key = (request, policy)
+    def _memo(self, request: Request, policy: Policy, cuda: str = "") -> _Memo:
+        key = (request, policy, cuda)
         with self._lock:
             memo = self._memos.get(key)
             if memo is None:
                 if len(self._memos) >= _MAX_REQUEST_KINDS:
                     self._memos.pop(next(iter(self._memos)))
-                memo = self._memos[key] = _Memo()
+                memo = self._memos[key] = _Memo(cuda)
             return memo
 
-    def outcome(self, snapshot: ClusterSnapshot, node: str, request: Request, policy: Policy) -> Outcome:
+    def outcome(
+        self, snapshot: ClusterSnapshot, node: str, request: Request, policy: Policy, cuda: str = ""
+    ) -> Outcome:
         """Where `request` would go on `node` in this snapshot (or why it cannot)."""
-        memo = self._memo(request, policy)
+        memo = self._memo(request, policy, cuda)
         with memo.lock:
             return self._outcome(snapshot, memo, node, request, policy)
 
@@ -95,14 +119,19 @@ class Decider:
         hit = memo.outcomes.get(node)
         if hit is not None and hit[0] == version:
             return hit[1]
-        state = snapshot.node_state(node)
-        result: Outcome = _NO_TOPOLOGY if state is None else place(state, request, policy)
+        entry = snapshot.node(node)
+        state = entry.state if entry is not None else None
+        result: Outcome
+        if state is None or entry is None or entry.published is None:
+            result = _NO_TOPOLOGY
+        else:
+            result = driver_misfit(memo.cuda, entry.published.status) or place(state, request, policy)
         memo.outcomes[node] = (version, result)
         return result
 
     def filter(self, snapshot: ClusterSnapshot, pod: PodRequest, node_names: Sequence[str]) -> FilterOutcome:
         """Which nodes fit; only nodes changed since the same list was last asked are re-placed."""
-        memo = self._memo(pod.request, pod.policy)
+        memo = self._memo(pod.request, pod.policy, pod.cuda_version)
         with memo.lock:
             return self._filter(snapshot, memo, pod, tuple(node_names))
 
@@ -156,7 +185,7 @@ class Decider:
 
     def prioritize(self, snapshot: ClusterSnapshot, pod: PodRequest, node_names: Sequence[str]) -> Ranking:
         """Scores for the nodes; only nodes changed since the same list was last scored are redone."""
-        memo = self._memo(pod.request, pod.policy)
+        memo = self._memo(pod.request, pod.policy, pod.cuda_version)
         with memo.lock:
             return self._prioritize(snapshot, memo, pod, tuple(node_names))
 

@@ -19,7 +19,7 @@ from contract.ledger import Ledger
 from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, Identity, PodObject, WatchHandlers
 from extender.config import ExtenderConfig
 from extender.snapshot import NodeFacts, TrackedPod
-from extender.translate import pod_is_tracked, tracked_pod
+from extender.translate import pod_is_tracked, read_scheduling_policy, tracked_pod
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +45,8 @@ class InMemoryCluster:
         self.fail_next_bind: str = ""
         # bearer token -> (identity, the debug subresources it may use), for debug access tests
         self.tokens: dict[str, tuple[Identity, frozenset[str]]] = {}
+        self._policies: dict[str, dict[str, Any]] = {}  # GpuSchedulingPolicy objects by name
+        self._namespaces: dict[str, str | None] = {}  # namespace -> the default policy it names
 
     # ------------------------------------------------------------------ cluster-side edits
 
@@ -65,6 +67,27 @@ class InMemoryCluster:
                 self._topologies[node] = record
             for h in self._handlers:
                 h.topology(node, record, "")
+
+    def put_policy(self, obj: Mapping[str, Any]) -> None:
+        """Create or replace a GpuSchedulingPolicy object (as JSON)."""
+        with self._lock:
+            name = str(obj["metadata"]["name"])
+            self._policies[name] = copy.deepcopy(dict(obj))
+            for h in self._handlers:
+                h.policy(*read_scheduling_policy(obj))
+
+    def delete_policy(self, name: str) -> None:
+        with self._lock:
+            self._policies.pop(name, None)
+            for h in self._handlers:
+                h.policy_deleted(name)
+
+    def set_namespace_policy(self, namespace: str, policy: str | None) -> None:
+        """The namespace's label linkpack.io/policy (None: no label)."""
+        with self._lock:
+            self._namespaces[namespace] = policy
+            for h in self._handlers:
+                h.namespace(namespace, policy)
 
     def create_pod(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         with self._lock:
@@ -184,7 +207,11 @@ class InMemoryCluster:
             for pod in self._pods.values():
                 if pod_is_tracked(pod, self._config):
                     handlers.pod(tracked_pod(pod))
-            for kind in ("nodes", "topologies", "ledgers", "pods"):
+            for obj in self._policies.values():
+                handlers.policy(*read_scheduling_policy(obj))
+            for namespace, default in self._namespaces.items():
+                handlers.namespace(namespace, default)
+            for kind in ("nodes", "topologies", "ledgers", "pods", "policies", "namespaces"):
                 handlers.synced(kind)
 
     def _notify_pod(self, pod: Mapping[str, Any]) -> None:

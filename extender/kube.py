@@ -29,10 +29,18 @@ from contract.keys import (
     ledger_node,
 )
 from contract.ledger import Ledger, encode_ledger, ledger_from_config_map
+from contract.scheduling_policy import POLICY_PLURAL, POLICY_VERSION
 from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, Identity, PodObject, WatchHandlers
 from extender.config import ExtenderConfig
 from extender.kube_watch import ListWatch, Sink
-from extender.translate import node_facts, pod_is_tracked, read_gpu_topology, tracked_pod
+from extender.translate import (
+    namespace_default_policy,
+    node_facts,
+    pod_is_tracked,
+    read_gpu_topology,
+    read_scheduling_policy,
+    tracked_pod,
+)
 
 log = logging.getLogger("linkpack.extender.kube")
 
@@ -271,6 +279,18 @@ class KubeClusterApi:
             ListWatch(
                 "pods", self._core.list_pod_for_all_namespaces, self._on_pod(handlers), stop, self._config
             ),
+            ListWatch(
+                "policies",
+                lambda **kw: self._custom.list_cluster_custom_object(
+                    GROUP, POLICY_VERSION, POLICY_PLURAL, **kw
+                ),
+                self._on_policy(handlers),
+                stop,
+                self._config,
+            ),
+            ListWatch(
+                "namespaces", self._core.list_namespace, self._on_namespace(handlers), stop, self._config
+            ),
         ]
         threads = [threading.Thread(target=lp.run, name=f"watch-{lp.kind}", daemon=True) for lp in loops]
         for t in threads:
@@ -278,6 +298,29 @@ class KubeClusterApi:
         for lp, t in zip(loops, threads, strict=True):
             t.join()
             del lp
+
+    def _on_policy(self, h: WatchHandlers) -> Sink:
+        def sink(event: str, obj: Mapping[str, Any]) -> None:
+            name = str(obj["metadata"]["name"])
+            if event == "DELETED":
+                h.policy_deleted(name)
+                return
+            _, policy, problem = read_scheduling_policy(obj)
+            if problem:
+                log.error("GpuSchedulingPolicy %s cannot be used: %s", name, problem)
+            h.policy(name, policy, problem)
+
+        return Sink("policies", sink, h.synced, lambda o: str(o["metadata"]["name"]), h.policy_deleted)
+
+    def _on_namespace(self, h: WatchHandlers) -> Sink:
+        def sink(event: str, obj: Mapping[str, Any]) -> None:
+            name, default_policy = namespace_default_policy(obj)
+            if event == "DELETED":
+                h.namespace_deleted(name)
+            else:
+                h.namespace(name, default_policy)
+
+        return Sink("namespaces", sink, h.synced, lambda o: str(o["metadata"]["name"]), h.namespace_deleted)
 
     def _on_node(self, h: WatchHandlers) -> Sink:
         def sink(event: str, obj: Mapping[str, Any]) -> None:

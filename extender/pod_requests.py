@@ -14,6 +14,7 @@ from typing import Any
 from contract.allocation import ComputePriority
 from contract.keys import (
     COMPUTE_PRIORITY_ANNOTATION,
+    CUDA_VERSION_ANNOTATION,
     INTERPOSER_ANNOTATION,
     MIN_LINK_ANNOTATION,
     NEAR_NIC_ANNOTATION,
@@ -21,7 +22,14 @@ from contract.keys import (
 )
 from contract.pod_demand import PodSpecError, container_demands, effective_amounts
 from contract.pods import PodRef, pod_ref
+from contract.scheduling_policy import (
+    CLUSTER_DEFAULT_POLICY,
+    POLICY_KIND,
+    SchedulingPolicy,
+    cuda_version_tuple,
+)
 from extender.config import ExtenderConfig
+from extender.snapshot import PolicyBook
 from topology.workload import GpuShare, MigSlice, Policy, Request, WholeGpus
 
 
@@ -35,6 +43,8 @@ class PodRequest:
     resources: tuple[tuple[str, int], ...]
     priority: ComputePriority = ComputePriority.NORMAL
     interposer_opt_out: bool = False  # annotation linkpack.io/interposer: "off"
+    policy_source: str = "built-in default"  # why this policy: pod annotation, namespace, default
+    cuda_version: str = ""  # the CUDA version the pod needs of the node's driver ("" any)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +55,38 @@ class RequestError:
     message: str
 
 
-def read_pod_request(pod: Mapping[str, Any], config: ExtenderConfig) -> PodRequest | RequestError | None:
+def resolve_policy(
+    pod_policy: str | None, namespace: str, config: ExtenderConfig, book: PolicyBook | None
+) -> tuple[SchedulingPolicy, str] | str:
+    """The pod's policy and where it came from, or why it cannot have one.
+
+    The pod's annotation, else its namespace's default, else the GpuSchedulingPolicy named
+    `default`, else the extender's built-in default. A name is looked up among the
+    GpuSchedulingPolicy objects first, then the built-in policies."""
+    book = book or PolicyBook()
+    if pod_policy:
+        name, source = pod_policy, "pod annotation"
+    elif namespace in book.namespace_defaults:
+        name, source = book.namespace_defaults[namespace], f"namespace {namespace}"
+    elif CLUSTER_DEFAULT_POLICY in book.policies:
+        name, source = CLUSTER_DEFAULT_POLICY, "cluster default policy"
+    else:
+        name, source = config.default_policy, "built-in default"
+    found = book.policies.get(name)
+    if isinstance(found, str):
+        return f"{POLICY_KIND} {name!r} ({source}) cannot be used: {found}"
+    if found is not None:
+        return found, source
+    built_in = config.policies.get(name)
+    if built_in is not None:
+        return SchedulingPolicy(built_in), source
+    known = ", ".join(sorted({*book.policies, *config.policies}))
+    return f"unknown {POLICY_ANNOTATION} {name!r} ({source}); known policies: {known}"
+
+
+def read_pod_request(
+    pod: Mapping[str, Any], config: ExtenderConfig, book: PolicyBook | None = None
+) -> PodRequest | RequestError | None:
     """The pod's GPU request; None when it asks for no GPU resource we manage."""
     ref = pod_ref(pod)
     spec = pod.get("spec") or {}
@@ -58,23 +99,27 @@ def read_pod_request(pod: Mapping[str, Any], config: ExtenderConfig) -> PodReque
     if not amounts:
         return None
     annotations: Mapping[str, str] = (pod.get("metadata") or {}).get("annotations") or {}
-    policy = config.policy(annotations.get(POLICY_ANNOTATION))
-    if policy is None:
-        known = ", ".join(sorted(config.policies))
-        return RequestError(
-            ref,
-            f"unknown {POLICY_ANNOTATION} {annotations.get(POLICY_ANNOTATION)!r}; known policies: {known}",
-        )
+    resolved = resolve_policy(annotations.get(POLICY_ANNOTATION), ref.namespace, config, book)
+    if isinstance(resolved, str):
+        return RequestError(ref, resolved)
+    chosen, source = resolved
+    policy = chosen.policy
     min_link = annotations.get(MIN_LINK_ANNOTATION)
     if min_link is not None:
         try:
             policy = replace(policy, min_bottleneck_gbps=float(min_link))
         except ValueError:
             return RequestError(ref, f"{MIN_LINK_ANNOTATION} {min_link!r} is not a number of GB/s")
-    request = _request_from(amounts, annotations.get(NEAR_NIC_ANNOTATION), config)
+    near_nic = annotations.get(NEAR_NIC_ANNOTATION) or chosen.near_nic
+    request = _request_from(amounts, near_nic, config, chosen.memory_per_unit_mib)
     if isinstance(request, str):
         return RequestError(ref, request)
-    priority = compute_priority(annotations.get(COMPUTE_PRIORITY_ANNOTATION), spec.get("priority"))
+    cuda = annotations.get(CUDA_VERSION_ANNOTATION, chosen.cuda_version).strip()
+    if cuda and cuda_version_tuple(cuda) is None:
+        return RequestError(ref, f'{CUDA_VERSION_ANNOTATION} {cuda!r}: expected MAJOR.MINOR such as "12.4"')
+    priority = compute_priority(
+        annotations.get(COMPUTE_PRIORITY_ANNOTATION), spec.get("priority"), chosen.compute_priority
+    )
     if priority is None:
         return RequestError(
             ref,
@@ -83,20 +128,27 @@ def read_pod_request(pod: Mapping[str, Any], config: ExtenderConfig) -> PodReque
     opt_out = annotations.get(INTERPOSER_ANNOTATION, "").strip().lower()
     if opt_out not in ("", "on", "off"):
         return RequestError(ref, f"{INTERPOSER_ANNOTATION} {opt_out!r}: expected on or off")
-    return PodRequest(ref, request, policy, tuple(sorted(amounts.items())), priority, opt_out == "off")
+    return PodRequest(
+        ref, request, policy, tuple(sorted(amounts.items())), priority, opt_out == "off", source, cuda
+    )
 
 
 #: A PriorityClass value at or above this makes a share high priority; below zero, low.
 HIGH_PRIORITY_CLASS_VALUE = 1000
 
 
-def compute_priority(annotation: str | None, priority_class_value: object) -> ComputePriority | None:
-    """The annotation when given (None if it is not a level), else from the pod's PriorityClass value."""
+def compute_priority(
+    annotation: str | None, priority_class_value: object, policy_default: ComputePriority | None = None
+) -> ComputePriority | None:
+    """The annotation when given (None if it is not a level), else the policy's default, else
+    from the pod's PriorityClass value."""
     if annotation is not None:
         try:
             return ComputePriority(annotation.strip().lower())
         except ValueError:
             return None
+    if policy_default is not None:
+        return policy_default
     if isinstance(priority_class_value, int) and not isinstance(priority_class_value, bool):
         if priority_class_value >= HIGH_PRIORITY_CLASS_VALUE:
             return ComputePriority.HIGH
@@ -105,7 +157,9 @@ def compute_priority(annotation: str | None, priority_class_value: object) -> Co
     return ComputePriority.NORMAL
 
 
-def _request_from(amounts: dict[str, int], near_nic: str | None, config: ExtenderConfig) -> Request | str:
+def _request_from(
+    amounts: dict[str, int], near_nic: str | None, config: ExtenderConfig, memory_per_unit_mib: int = 0
+) -> Request | str:
     names = config.resources
     whole = amounts.get(names.whole, 0)
     units = amounts.get(names.shared_units, 0)
@@ -128,6 +182,8 @@ def _request_from(amounts: dict[str, int], near_nic: str | None, config: Extende
                 f"{names.shared_units}={units} exceeds one GPU ({config.units_per_gpu} units); "
                 f"ask for {names.whole} instead"
             )
+        if memory == 0 and memory_per_unit_mib:
+            memory = units * memory_per_unit_mib  # the policy's memory per share unit
         return GpuShare(memory_mib=memory, units=units)
     if len(migs) > 1 or any(v != 1 for v in migs.values()):
         return "a pod may ask for exactly one MIG slice (one resource, quantity 1)"

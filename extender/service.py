@@ -32,7 +32,7 @@ from extender.wire import (
 )
 from topology.scoring import Ranking
 
-SYNC_KINDS = ("nodes", "topologies", "ledgers", "pods")
+SYNC_KINDS = ("nodes", "topologies", "ledgers", "pods", "policies", "namespaces")
 _LOG_LIMIT = 2048
 
 
@@ -82,7 +82,8 @@ class ExtenderService:
                     "FailedAndUnresolvableNodes": {},
                     "Error": str(exc),
                 }
-            parsed = read_pod_request(args.pod, self.config)
+            snapshot = self.store.snapshot()
+            parsed = read_pod_request(args.pod, self.config, snapshot.book)
             log = self._entry(pod_ref(args.pod).key)
             wrong_scheduler = scheduler_mismatch(args.pod, self.config.scheduler_name)
             if wrong_scheduler and parsed is not None:
@@ -93,7 +94,7 @@ class ExtenderService:
             if isinstance(parsed, RequestError):
                 self.metrics.decisions.labels("filter", "unresolvable", "invalid request").inc()
                 return filter_result(args, (), {}, {n: parsed.message for n in args.node_names})
-            outcome = self.decider.filter(self.store.snapshot(), parsed, args.node_names)
+            outcome = self.decider.filter(snapshot, parsed, args.node_names)
             log.filtered = outcome
             tally: dict[tuple[str, str], int] = {}
             for misfit in outcome.misfits.values():
@@ -110,10 +111,11 @@ class ExtenderService:
                 args = parse_extender_args(body)
             except WireError:
                 return []
-            parsed = read_pod_request(args.pod, self.config)
+            snapshot = self.store.snapshot()
+            parsed = read_pod_request(args.pod, self.config, snapshot.book)
             if not isinstance(parsed, PodRequest):
                 return priority_list([(n, 0) for n in args.node_names])
-            ranking = self.decider.prioritize(self.store.snapshot(), parsed, args.node_names)
+            ranking = self.decider.prioritize(snapshot, parsed, args.node_names)
             self._entry(parsed.pod.key).ranking = ranking
             scored = ranking.by_node()
             return priority_list([(n, scored.get(n, 0)) for n in args.node_names])

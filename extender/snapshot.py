@@ -14,6 +14,7 @@ from types import MappingProxyType
 from contract.cordons import Cordons
 from contract.gpu_topology import PublishedTopology
 from contract.ledger import Ledger, LedgerEntry
+from contract.scheduling_policy import SchedulingPolicy
 from extender.stale_entries import PodFacts
 from topology.accounting import Overcommit
 from topology.workload import GpuGrant, NodeState
@@ -81,6 +82,15 @@ class NodeEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class PolicyBook:
+    """The GpuSchedulingPolicy objects (decoded, or why they cannot be used) and the namespaces'
+    default policy names."""
+
+    policies: Mapping[str, SchedulingPolicy | str] = field(default_factory=lambda: MappingProxyType({}))
+    namespace_defaults: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
     """The cluster at one `generation`."""
 
@@ -89,6 +99,7 @@ class ClusterSnapshot:
     pods: Mapping[str, TrackedPod] = field(default_factory=lambda: MappingProxyType({}))  # by uid
     pod_uids: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # "ns/name" -> uid
     synced: frozenset[str] = frozenset()
+    book: PolicyBook = field(default_factory=PolicyBook)
 
     def is_synced(self, kinds: Iterable[str]) -> bool:
         return all(k in self.synced for k in kinds)

@@ -131,6 +131,8 @@ class MisfitReason(StrEnum):
     NO_NVSWITCH = "the policy requires NVSwitch and the node has none"
     NO_SAME_NUMA_SET = "no free GPU set within one NUMA node"
     SHARERS_LIMIT = "every GPU with room already has the policy's maximum number of sharers"
+    DRIVER_TOO_OLD = "the node's driver is too old for the pod's CUDA version"
+    DRIVER_UNKNOWN = "the node does not say which CUDA version its driver runs"
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,7 +57,10 @@ def request_doc(parsed: PodRequest | RequestError | None) -> Doc | None:
     return {
         **request_shape(parsed.request),
         "policy": policy_doc(parsed.policy),
+        "policySource": parsed.policy_source,
         "resources": dict(parsed.resources),
+        "computePriority": parsed.priority.value,
+        "cudaVersion": parsed.cuda_version or None,
     }
 
 

@@ -1,0 +1,166 @@
+"""GpuSchedulingPolicy objects: chosen by pod, namespace or cluster default, applied to the next
+decision, refused with a reason naming the policy; and the CUDA version a pod needs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from contract.allocation import decode_allocation
+from contract.gpu_topology import as_published
+from contract.keys import ALLOCATION_ANNOTATION
+from extender.__main__ import handlers_for
+from extender.config import ExtenderConfig
+from extender.in_memory_cluster import InMemoryCluster
+from extender.service import ExtenderService
+from extender.snapshot import NodeFacts
+
+from .conftest import filter_args, gpu_pod, hgx_h100, two_socket_pcie
+
+pytestmark = pytest.mark.timeout(60)
+NODES = ["nv-node", "pcie-node"]
+
+
+def policy(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "linkpack.io/v1alpha1",
+        "kind": "GpuSchedulingPolicy",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def _published(name: str, topology: Any, cuda: str = "", driver: str = "") -> Any:
+    published = as_published(name, topology)
+    return replace(
+        published, status=replace(published.status, cuda_driver_version=cuda, driver_version=driver)
+    )
+
+
+@pytest.fixture
+def cluster(config: ExtenderConfig) -> InMemoryCluster:
+    c = InMemoryCluster(config)
+    c.add_node(NodeFacts("nv-node"), _published("nv-node", hgx_h100(), "12.4", "550.54.15"))
+    c.add_node(NodeFacts("pcie-node"), _published("pcie-node", two_socket_pcie(), "12.2", "535.104.05"))
+    return c
+
+
+@pytest.fixture
+def service(config: ExtenderConfig, cluster: InMemoryCluster) -> ExtenderService:
+    svc = ExtenderService(config, cluster)
+    cluster.run_watches(handlers_for(svc), lambda: True)
+    return svc
+
+
+def _filter(service: ExtenderService, pod: dict[str, Any]) -> dict[str, Any]:
+    return service.filter(filter_args(pod, NODES))
+
+
+def test_a_pod_names_a_policy_and_its_requirements_hold(
+    service: ExtenderService, cluster: InMemoryCluster
+) -> None:
+    """A policy requiring NVSwitch keeps its pods off the PCIe node, with the reason naming the policy."""
+    cluster.put_policy(policy("fabric", topology={"requireNvswitch": True}))
+    result = _filter(service, gpu_pod(gpus=2, linkpack_io_policy="fabric"))
+    assert result["NodeNames"] == ["nv-node"]
+    assert "requires NVSwitch" in result["FailedAndUnresolvableNodes"]["pcie-node"]
+    assert "fabric" in result["FailedAndUnresolvableNodes"]["pcie-node"]
+
+
+def test_a_namespace_default_and_the_cluster_default_apply_in_order(
+    service: ExtenderService, cluster: InMemoryCluster
+) -> None:
+    """Without an annotation the namespace's policy decides; without that, the policy named default."""
+    cluster.put_policy(policy("default", allowedGpuModels=["NVIDIA GeForce RTX 3090"]))
+    cluster.put_policy(policy("fabric", topology={"requireNvswitch": True}))
+    assert _filter(service, gpu_pod(gpus=1))["NodeNames"] == ["pcie-node"]  # the cluster default
+    cluster.set_namespace_policy("ml", "fabric")
+    assert _filter(service, gpu_pod(gpus=1))["NodeNames"] == ["nv-node"]  # the namespace's
+    pinned = gpu_pod(gpus=1, linkpack_io_policy="balanced")  # a built-in, named by the pod
+    assert _filter(service, pinned)["NodeNames"] == NODES
+
+
+def test_an_unknown_or_invalid_policy_is_an_unresolvable_reason_naming_it(
+    service: ExtenderService, cluster: InMemoryCluster
+) -> None:
+    """A policy object that fails validation, or a name no policy has, fails every node with a reason
+    naming the policy and what is wrong; nothing is placed or changed."""
+    cluster.put_policy(policy("broken", weights={"packing": -3}))
+    before = service.store.snapshot().ledgers()
+    broken = _filter(service, gpu_pod(gpus=1, linkpack_io_policy="broken"))
+    assert broken["NodeNames"] == []
+    reason = broken["FailedAndUnresolvableNodes"]["nv-node"]
+    assert "GpuSchedulingPolicy 'broken'" in reason and "weights.packing" in reason
+    unknown = _filter(service, gpu_pod(gpus=1, linkpack_io_policy="nope"))["FailedAndUnresolvableNodes"][
+        "nv-node"
+    ]
+    assert "unknown linkpack.io/policy 'nope'" in unknown and "broken" in unknown and "balanced" in unknown
+    assert service.store.snapshot().ledgers() == before
+
+
+def test_a_policy_change_applies_to_the_next_decision_not_to_a_committed_one(
+    service: ExtenderService, cluster: InMemoryCluster
+) -> None:
+    """Tightening a policy changes where the next pod may go; the allocation already made stays."""
+    cluster.put_policy(policy("team", allowedGpuModels=["NVIDIA GeForce RTX 3090"]))
+    first = cluster.create_pod(gpu_pod("first", gpus=1, linkpack_io_policy="team"))
+    assert _filter(service, first)["NodeNames"] == ["pcie-node"]
+    meta = first["metadata"]
+    assert service.bind(
+        {"PodName": "first", "PodNamespace": "ml", "PodUID": meta["uid"], "Node": "pcie-node"}
+    ) == {"Error": ""}
+    cluster.put_policy(policy("team", allowedGpuModels=["NVIDIA H100 80GB HBM3"]))
+    assert _filter(service, gpu_pod("second", gpus=1, linkpack_io_policy="team"))["NodeNames"] == ["nv-node"]
+    kept = decode_allocation(
+        cluster.read_pod("ml", "first").manifest["metadata"]["annotations"][ALLOCATION_ANNOTATION]
+    )
+    assert kept.node == "pcie-node"
+
+
+def test_sharing_defaults_give_memory_per_unit(service: ExtenderService, cluster: InMemoryCluster) -> None:
+    """A share asking units only gets the policy's memory per unit, and the cap lands in the record."""
+    cluster.put_policy(policy("default", sharing={"memoryPerUnitMiB": 512}))
+    pod = cluster.create_pod(gpu_pod("units-only", units=10))
+    meta = pod["metadata"]
+    assert service.bind(
+        {"PodName": "units-only", "PodNamespace": "ml", "PodUID": meta["uid"], "Node": "nv-node"}
+    ) == {"Error": ""}
+    allocation = decode_allocation(
+        cluster.read_pod("ml", "units-only").manifest["metadata"]["annotations"][ALLOCATION_ANNOTATION]
+    )
+    assert allocation.grants[0].memory_mib == 5120 and allocation.grants[0].units == 10
+
+
+def test_explain_says_which_policy_decided_and_why(
+    service: ExtenderService, cluster: InMemoryCluster
+) -> None:
+    """The explanation names the policy and where it came from (here: the pod's namespace)."""
+    from fastapi.testclient import TestClient
+
+    from extender.app import create_app
+
+    cluster.put_policy(policy("fabric", topology={"requireNvswitch": True}))
+    cluster.set_namespace_policy("ml", "fabric")
+    created = cluster.create_pod(gpu_pod("explained", gpus=1))
+    _filter(service, created)
+    doc = TestClient(create_app(service)).get("/debug/explain/ml/explained").json()
+    assert doc["request"]["policy"]["name"] == "fabric"
+    assert doc["request"]["policySource"] == "namespace ml"
+
+
+def test_a_pod_needing_a_newer_cuda_than_a_driver_runs_is_kept_off_it(
+    service: ExtenderService, cluster: InMemoryCluster
+) -> None:
+    """A pod needing CUDA 12.4 passes the 12.4 node and is refused by the 12.2 one, the reason
+    naming both versions; a policy's cudaVersion is the default for its pods."""
+    result = _filter(service, gpu_pod(gpus=1, linkpack_io_cuda_version="12.4"))
+    assert result["NodeNames"] == ["nv-node"]
+    assert result["FailedAndUnresolvableNodes"]["pcie-node"].endswith(
+        "driver 535.104.05 runs CUDA up to 12.2, the pod needs 12.4"
+    )
+    cluster.put_policy(policy("new-cuda", cudaVersion="12.3"))
+    assert _filter(service, gpu_pod(gpus=1, linkpack_io_policy="new-cuda"))["NodeNames"] == ["nv-node"]
+    bad = _filter(service, gpu_pod(gpus=1, linkpack_io_cuda_version="twelve"))
+    assert "linkpack.io/cuda-version 'twelve'" in bad["FailedAndUnresolvableNodes"]["nv-node"]
