@@ -102,7 +102,6 @@ def encode_allocation(a: Allocation) -> str:
         "node": a.node,
         "generation": a.generation,
         "enforcement": a.enforcement.value,
-        "computePriority": a.priority.value,
         "resources": dict(a.resources),
         "gpus": [
             {
@@ -112,10 +111,13 @@ def encode_allocation(a: Allocation) -> str:
                 "memoryMiB": g.memory_mib,
                 "units": g.units,
                 "migUuid": g.mig_uuid,
+                **({"powerW": g.power_w} if g.power_w else {}),
             }
             for g in a.grants
         ],
     }
+    if a.priority is not ComputePriority.NORMAL:  # absent means normal (as in older records)
+        doc["computePriority"] = a.priority.value
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
@@ -180,7 +182,15 @@ def _decode_grant(raw: object, position: int) -> GpuGrant:
         memory_mib=_field(raw, "memoryMiB", int, where),
         units=_field(raw, "units", int, where),
         mig_uuid=_field(raw, "migUuid", str, where),
+        power_w=_non_negative(raw, "powerW", where) if "powerW" in raw else 0,
     )
+
+
+def _non_negative(raw: dict[str, Any], key: str, where: str) -> int:
+    value = int(_field(raw, key, int, where))
+    if value < 0:
+        raise AllocationError(f"{where}: field {key!r} must not be negative, got {value}")
+    return value
 
 
 def load_json_object(text: object, what: str, error: type[ValueError]) -> dict[str, Any]:

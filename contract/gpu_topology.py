@@ -5,7 +5,8 @@ One cluster-scoped object per GPU node, named after the node (`contract.keys`):
   only when its content hash (annotation `linkpack.io/topology-hash`) changes;
 - status (status subresource): what the node says about itself now: per-GPU health, the GPU
   count (the printer column), whether a CUDA MPS control daemon serves its shares, problems
-  with the operator's cordon annotation, the agent's version and its heartbeat.
+  with the operator's cordon annotation, node labels it left alone because someone else set
+  them differently, the agent's version and its heartbeat.
 
 The node agent encodes with these functions and the extender and the kubectl plugin decode
 with them; a malformed status is an error naming the field, never a silent default.
@@ -68,6 +69,7 @@ class TopologyStatus:
     cuda_driver_version: str = ""  # the highest CUDA version that driver runs, e.g. "12.4"
     gpu_power: tuple[GpuPower, ...] = ()
     cordon_problems: tuple[str, ...] = ()
+    label_conflicts: tuple[str, ...] = ()  # node labels the agent would set but someone else holds
     heartbeat: str = ""  # RFC 3339; "" when never written
 
     @property
@@ -110,6 +112,7 @@ def encode_status(status: TopologyStatus, *, with_heartbeat: bool = True) -> dic
             for p in status.gpu_power
         ],
         "cordonProblems": list(status.cordon_problems),
+        "labelConflicts": list(status.label_conflicts),
     }
     if with_heartbeat and status.heartbeat:
         doc["heartbeat"] = status.heartbeat
@@ -144,6 +147,10 @@ def decode_status(raw: object, node: str = "?") -> TopologyStatus:
         cordon_problems=tuple(
             _str(p, f"{where}.cordonProblems[{i}]")
             for i, p in enumerate(_list(doc.get("cordonProblems"), f"{where}.cordonProblems"))
+        ),
+        label_conflicts=tuple(
+            _str(c, f"{where}.labelConflicts[{i}]")
+            for i, c in enumerate(_list(doc.get("labelConflicts"), f"{where}.labelConflicts"))
         ),
         heartbeat=_str(doc.get("heartbeat", ""), f"{where}.heartbeat"),
     )

@@ -25,6 +25,8 @@ NEAR_NIC_ANNOTATION = "linkpack.io/near-nic"
 MIN_LINK_ANNOTATION = "linkpack.io/min-link-gbps"
 #: high | normal | low: how a share's kernels yield to the other sharers of its GPU.
 COMPUTE_PRIORITY_ANNOTATION = "linkpack.io/compute-priority"
+#: Whole watts: the power budget of each of the pod's GPUs (a share: its part of one GPU's limit).
+GPU_POWER_ANNOTATION = "linkpack.io/gpu-power-watts"
 #: MAJOR.MINOR: the CUDA version the pod's containers need of the node's driver.
 CUDA_VERSION_ANNOTATION = "linkpack.io/cuda-version"
 #: "off": run a share without the CUDA interposer (reported as weaker, cooperative enforcement).
@@ -33,6 +35,17 @@ INTERPOSER_ANNOTATION = "linkpack.io/interposer"
 # Node annotations.
 #: GPU UUIDs an operator keeps out of new placements, `contract.cordons`.
 CORDON_ANNOTATION = "linkpack.io/cordoned-gpus"
+#: The node labels the node agent set and the values it set them to (JSON object), so that it
+#: changes and removes only its own (`node_agent.node_labels`).
+MANAGED_LABELS_ANNOTATION = "linkpack.io/managed-labels"
+
+# Node labels the node agent sets (beside the NVIDIA GPU Feature Discovery ones it shares).
+#: "true" while a CUDA MPS control daemon serves the node's GPU shares (the status's mps.active).
+MPS_LABEL = "linkpack.io/mps"
+#: The size of the largest set of GPUs that are all pairwise NVLinked ("1" without NVLink).
+NVLINK_CLIQUE_LABEL = "linkpack.io/nvlink-clique"
+#: How many NUMA nodes the node's GPUs are attached to.
+NUMA_NODES_LABEL = "linkpack.io/numa-nodes"
 
 # The per-node ledger ConfigMaps, `contract.ledger`.
 LEDGER_LABEL = "linkpack.io/ledger"

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from contract.cordons import Cordons
 from contract.gpu_topology import PublishedTopology
 from topology.accounting import Overcommit, node_state_from_grants
-from topology.workload import GpuGrant, NodeState
+from topology.workload import GpuGrant, NodeState, PowerLimit
 
 
 def unavailable_by_operator(
@@ -42,4 +42,13 @@ def build_node_state(
         units_per_gpu,
         published.status.unhealthy,
         unavailable_by_operator(published, cordons or Cordons(), unschedulable),
+        power_limits(published),
     )
+
+
+def power_limits(published: PublishedTopology) -> tuple[PowerLimit | None, ...]:
+    """Each GPU's published power limit and range, in GPU order (empty when none is published)."""
+    by_index = {p.index: PowerLimit(p.limit_w, p.min_w, p.max_w) for p in published.status.gpu_power}
+    if not by_index:
+        return ()
+    return tuple(by_index.get(g.index) for g in published.topology.gpus)

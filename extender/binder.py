@@ -21,8 +21,8 @@ from contract.ledger import Ledger, LedgerEntry
 from contract.node_state import build_node_state
 from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, ClusterApi
 from extender.cluster_store import ClusterStore
-from extender.decisions import driver_misfit
 from extender.config import ExtenderConfig
+from extender.decisions import driver_misfit
 from extender.pod_requests import PodRequest, RequestError, read_pod_request, scheduler_mismatch
 from topology.placement import place
 from topology.workload import Misfit, MisfitReason

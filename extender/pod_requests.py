@@ -15,6 +15,7 @@ from contract.allocation import ComputePriority
 from contract.keys import (
     COMPUTE_PRIORITY_ANNOTATION,
     CUDA_VERSION_ANNOTATION,
+    GPU_POWER_ANNOTATION,
     INTERPOSER_ANNOTATION,
     MIN_LINK_ANNOTATION,
     NEAR_NIC_ANNOTATION,
@@ -114,6 +115,12 @@ def read_pod_request(
     request = _request_from(amounts, near_nic, config, chosen.memory_per_unit_mib)
     if isinstance(request, str):
         return RequestError(ref, request)
+    power = annotations.get(GPU_POWER_ANNOTATION)
+    if power is not None:
+        with_power = _with_power(request, power)
+        if isinstance(with_power, str):
+            return RequestError(ref, with_power)
+        request = with_power
     cuda = annotations.get(CUDA_VERSION_ANNOTATION, chosen.cuda_version).strip()
     if cuda and cuda_version_tuple(cuda) is None:
         return RequestError(ref, f'{CUDA_VERSION_ANNOTATION} {cuda!r}: expected MAJOR.MINOR such as "12.4"')
@@ -131,6 +138,20 @@ def read_pod_request(
     return PodRequest(
         ref, request, policy, tuple(sorted(amounts.items())), priority, opt_out == "off", source, cuda
     )
+
+
+#: Far above any GPU's power limit: a budget beyond it is a typo.
+MAX_POWER_BUDGET_W = 5000
+
+
+def _with_power(request: Request, text: str) -> Request | str:
+    """The request with its per-GPU power budget, or why the annotation cannot be used."""
+    value = text.strip()
+    if not (value.isascii() and value.isdigit()) or not 0 < int(value) <= MAX_POWER_BUDGET_W:
+        return f'{GPU_POWER_ANNOTATION} {text[:40]!r}: expected whole watts between 1 and {MAX_POWER_BUDGET_W}, e.g. "150"'
+    if isinstance(request, MigSlice):
+        return f"{GPU_POWER_ANNOTATION}: a MIG slice has no power budget of its own; ask for whole GPUs or a share"
+    return replace(request, power_w=int(value))
 
 
 #: A PriorityClass value at or above this makes a share high priority; below zero, low.

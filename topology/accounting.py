@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from topology.model import NodeTopology
-from topology.workload import GpuGrant, GpuUsage, NodeState
+from topology.workload import GpuGrant, GpuUsage, NodeState, PowerLimit
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,7 @@ def accumulate(
     memory = [0] * topology.gpu_count
     units = [0] * topology.gpu_count
     sharers = [0] * topology.gpu_count
+    power = [0] * topology.gpu_count
     migs: list[set[str]] = [set() for _ in topology.gpus]
     problems: list[Overcommit] = []
     for grant in grants:
@@ -36,6 +37,7 @@ def accumulate(
         if not 0 <= i < topology.gpu_count:
             problems.append(Overcommit(i, f"grant names GPU {i}, the node has {topology.gpu_count}"))
             continue
+        power[i] += grant.power_w
         if grant.whole:
             whole[i] += 1
         elif grant.mig_uuid:
@@ -62,6 +64,7 @@ def accumulate(
                 units_used=units[i],
                 mig_used=frozenset(migs[i]),
                 sharers=sharers[i],
+                power_used_w=power[i],
             )
         )
     return tuple(usage), tuple(problems)
@@ -74,13 +77,16 @@ def node_state_from_grants(
     units_per_gpu: int,
     unhealthy: frozenset[int] = frozenset(),
     cordoned: frozenset[int] = frozenset(),
+    power: tuple[PowerLimit | None, ...] = (),
 ) -> tuple[NodeState, tuple[Overcommit, ...]]:
     """A node's state from its topology, its recorded grants and its health and cordons."""
     usage, problems = accumulate(topology, grants, units_per_gpu)
     marked = tuple(
         replace(u, healthy=i not in unhealthy, cordoned=i in cordoned) for i, u in enumerate(usage)
     )
-    return NodeState(name, topology, marked, units_per_gpu), problems
+    if power and len(power) != topology.gpu_count:
+        power = ()  # a published list that does not match the GPUs is as good as none
+    return NodeState(name, topology, marked, units_per_gpu, power), problems
 
 
 def with_grants(node: NodeState, grants: Iterable[GpuGrant]) -> NodeState:
@@ -96,5 +102,6 @@ def with_grants(node: NodeState, grants: Iterable[GpuGrant]) -> NodeState:
             healthy=u.healthy,
             cordoned=u.cordoned,
             sharers=u.sharers + (0 if g.whole or g.mig_uuid else 1),
+            power_used_w=u.power_used_w + g.power_w,
         )
-    return NodeState(node.name, node.topology, tuple(usage), node.units_per_gpu)
+    return NodeState(node.name, node.topology, tuple(usage), node.units_per_gpu, node.power)

@@ -101,10 +101,15 @@ def place_whole_gpus(
         nic_ranks = nic_closeness(topology, request.near_nic)
         if nic_ranks is None:
             return Misfit(MisfitReason.NIC_NOT_FOUND, False, request.near_nic)
+    if request.power_w:
+        in_range = _power_settable(node, eligible, request.power_w)
+        if isinstance(in_range, Misfit):
+            return in_range
+        eligible = in_range
     usable = [i for i in eligible if node.usage[i].usable]
     if not usable:
         return Misfit(MisfitReason.ALL_GPUS_UNHEALTHY, True)
-    free = whole_gpu_candidates(node)
+    free = [i for i in whole_gpu_candidates(node) if i in set(eligible)]
     if len(free) < k:
         held_back = len(eligible) - len(usable)
         detail = f"{k} asked, {len(free)} free" + (
@@ -129,11 +134,28 @@ def place_whole_gpus(
             f"best free set reaches {found.key.ring / BANDWIDTH_SCALE:g} GB/s, "
             f"{policy.min_bottleneck_gbps:g} GB/s required",
         )
-    grants = tuple(GpuGrant(i, topology.gpus[i].uuid, whole=True) for i in found.gpus)
+    grants = tuple(
+        GpuGrant(i, topology.gpus[i].uuid, whole=True, power_w=request.power_w) for i in found.gpus
+    )
     score = _breakdown(
         found.key, len(found.gpus), nic_ranks is not None, _fragmentation_delta(node, found.gpus)
     )
     return Placement(node.name, found.gpus, grants, score)
+
+
+def _power_settable(node: NodeState, eligible: list[int], watts: int) -> list[int] | Misfit:
+    """The GPUs whose power limit may be set to `watts` (a whole GPU's budget), or why none."""
+    limits = [node.power_limit(i) for i in eligible]
+    if any(limit is None for limit in limits):
+        return Misfit(MisfitReason.POWER_UNKNOWN, False, f"the pod asks for {watts} W per GPU")
+    settable = [
+        i for i, limit in zip(eligible, limits, strict=True) if limit and limit.min_w <= watts <= limit.max_w
+    ]
+    if settable:
+        return settable
+    ranges = sorted({(limit.min_w, limit.max_w) for limit in limits if limit})
+    shown = ", ".join(f"{lo}-{hi} W" for lo, hi in ranges)
+    return Misfit(MisfitReason.POWER_OUT_OF_RANGE, False, f"{watts} W asked, the GPUs allow {shown}")
 
 
 def _best_within_one_numa_node(
@@ -289,7 +311,9 @@ def apply_placement(node: NodeState, placement: Placement) -> NodeState:
         if grant.whole:
             if not current.idle:
                 raise ValueError(f"{where}: granted whole but it is already in use")
-            usage[grant.index] = replace(current, whole=True)
+            usage[grant.index] = replace(
+                current, whole=True, power_used_w=current.power_used_w + grant.power_w
+            )
         elif grant.mig_uuid:
             known = {d.uuid for d in node.topology.gpus[grant.index].mig_devices}
             if grant.mig_uuid not in known:
@@ -306,8 +330,14 @@ def apply_placement(node: NodeState, placement: Placement) -> NodeState:
                     f"{where}: share of {grant.memory_mib} MiB / {grant.units} units does not fit "
                     f"({current.memory_used_mib} MiB / {current.units_used} units used, whole={current.whole})"
                 )
-            usage[grant.index] = replace(current, memory_used_mib=memory, units_used=units)
-    return NodeState(node.name, node.topology, tuple(usage), node.units_per_gpu)
+            usage[grant.index] = replace(
+                current,
+                memory_used_mib=memory,
+                units_used=units,
+                sharers=current.sharers + 1,
+                power_used_w=current.power_used_w + grant.power_w,
+            )
+    return NodeState(node.name, node.topology, tuple(usage), node.units_per_gpu, node.power)
 
 
 def release_placement(node: NodeState, placement: Placement) -> NodeState:
@@ -319,7 +349,9 @@ def release_placement(node: NodeState, placement: Placement) -> NodeState:
         if grant.whole:
             if not current.whole:
                 raise ValueError(f"{where}: released whole but it is not held whole")
-            usage[grant.index] = replace(current, whole=False)
+            usage[grant.index] = replace(
+                current, whole=False, power_used_w=max(0, current.power_used_w - grant.power_w)
+            )
         elif grant.mig_uuid:
             if grant.mig_uuid not in current.mig_used:
                 raise ValueError(f"{where}: MIG instance {grant.mig_uuid} is not taken")
@@ -329,8 +361,14 @@ def release_placement(node: NodeState, placement: Placement) -> NodeState:
             units = current.units_used - grant.units
             if memory < 0 or units < 0:
                 raise ValueError(f"{where}: releases more than is held ({memory} MiB, {units} units left)")
-            usage[grant.index] = replace(current, memory_used_mib=memory, units_used=units)
-    return NodeState(node.name, node.topology, tuple(usage), node.units_per_gpu)
+            usage[grant.index] = replace(
+                current,
+                memory_used_mib=memory,
+                units_used=units,
+                sharers=max(0, current.sharers - 1),
+                power_used_w=max(0, current.power_used_w - grant.power_w),
+            )
+    return NodeState(node.name, node.topology, tuple(usage), node.units_per_gpu, node.power)
 
 
 def _checked_grants(node: NodeState, placement: Placement) -> tuple[GpuGrant, ...]:

@@ -50,10 +50,20 @@ def place_share(
     misfit = _share_misfit(node, request)
     if misfit is not None:
         return misfit
+    if request.power_w and (not node.power or any(p is None for p in node.power)):
+        return Misfit(MisfitReason.POWER_UNKNOWN, False, f"the share asks for {request.power_w} W")
+    if request.power_w and all(p is not None and p.limit_w < request.power_w for p in node.power):
+        return Misfit(
+            MisfitReason.POWER_OUT_OF_RANGE, False, f"{request.power_w} W asked, above every GPU's limit"
+        )
     room = [i for i in _candidates(node) if _fits(node, i, request)]
     fits = [i for i in room if max_sharers <= 0 or node.usage[i].sharers < max_sharers]
     if room and not fits:
         return Misfit(MisfitReason.SHARERS_LIMIT, True, f"{max_sharers} sharers per GPU")
+    powered = [i for i in fits if _power_left(node, i) >= request.power_w]
+    if fits and not powered:
+        return Misfit(MisfitReason.POWER_BUDGET_EXHAUSTED, True, f"{request.power_w} W asked")
+    fits = powered
     if not fits:
         return _classify_shortage(node, request)
     free_milli = [fgd.gpu_free_milli(node, i) for i in range(node.topology.gpu_count)]
@@ -90,7 +100,14 @@ def place_share(
             ("whole_free_after", float(len(members_of(leftover)))),
         ),
     )
-    grant = GpuGrant(index, gpu.uuid, whole=False, memory_mib=request.memory_mib, units=request.units)
+    grant = GpuGrant(
+        index,
+        gpu.uuid,
+        whole=False,
+        memory_mib=request.memory_mib,
+        units=request.units,
+        power_w=request.power_w,
+    )
     return Placement(node.name, (index,), (grant,), score)
 
 
@@ -121,6 +138,14 @@ def _share_misfit(node: NodeState, request: GpuShare) -> Misfit | None:
     if not any(node.usage[i].usable for i in capable):
         return Misfit(MisfitReason.ALL_GPUS_UNHEALTHY, True)
     return None
+
+
+def _power_left(node: NodeState, index: int) -> int:
+    """Watts of the GPU's limit not yet promised to its sharers (unbounded when unknown)."""
+    limit = node.power_limit(index)
+    if limit is None:
+        return 1 << 62
+    return limit.limit_w - node.usage[index].power_used_w
 
 
 def _candidates(node: NodeState) -> list[int]:
@@ -157,6 +182,7 @@ def _with_share(node: NodeState, index: int, request: GpuShare) -> NodeState:
         memory_used_mib=current.memory_used_mib + request.memory_mib,
         units_used=current.units_used + request.units,
         sharers=current.sharers + 1,
+        power_used_w=current.power_used_w + request.power_w,
     )
     return NodeState(node.name, node.topology, tuple(usage), node.units_per_gpu)
 

@@ -24,6 +24,7 @@ class WholeGpus:
 
     count: int
     near_nic: str | None = None
+    power_w: int = 0  # the power budget of each GPU, watts (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,7 @@ class GpuShare:
 
     memory_mib: int = 0
     units: int = 0
+    power_w: int = 0  # the share's power budget on its GPU, watts (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,7 @@ class GpuUsage:
     healthy: bool = True
     cordoned: bool = False
     sharers: int = 0  # share grants held on it (pods sharing it)
+    power_used_w: int = 0  # power budgets granted on it, watts
 
     @property
     def usable(self) -> bool:
@@ -69,6 +72,15 @@ class GpuUsage:
         return not self.whole and self.memory_used_mib == 0 and self.units_used == 0 and not self.mig_used
 
 
+@dataclass(frozen=True, slots=True)
+class PowerLimit:
+    """A GPU's power limit now and the range it may be set within, watts."""
+
+    limit_w: int
+    min_w: int = 0
+    max_w: int = 0
+
+
 @dataclass(frozen=True)
 class NodeState:
     """A node's topology plus what is allocated on each GPU (indexed like `topology.gpus`)."""
@@ -77,12 +89,20 @@ class NodeState:
     topology: NodeTopology
     usage: tuple[GpuUsage, ...]
     units_per_gpu: int = DEFAULT_UNITS_PER_GPU
+    power: tuple[PowerLimit | None, ...] = ()  # per GPU, as the node publishes it (empty: unknown)
 
     def __post_init__(self) -> None:
         if len(self.usage) != self.topology.gpu_count:
             raise ValueError(
                 f"node {self.name}: {len(self.usage)} usage entries for {self.topology.gpu_count} GPUs"
             )
+        if self.power and len(self.power) != self.topology.gpu_count:
+            raise ValueError(
+                f"node {self.name}: {len(self.power)} power entries for {self.topology.gpu_count} GPUs"
+            )
+
+    def power_limit(self, index: int) -> PowerLimit | None:
+        return self.power[index] if self.power else None
 
     @classmethod
     def empty(
@@ -133,6 +153,9 @@ class MisfitReason(StrEnum):
     SHARERS_LIMIT = "every GPU with room already has the policy's maximum number of sharers"
     DRIVER_TOO_OLD = "the node's driver is too old for the pod's CUDA version"
     DRIVER_UNKNOWN = "the node does not say which CUDA version its driver runs"
+    POWER_UNKNOWN = "the node does not publish its GPUs' power limits"
+    POWER_OUT_OF_RANGE = "the GPUs' power limit cannot be set to the pod's budget"
+    POWER_BUDGET_EXHAUSTED = "no GPU with room has that much power budget left"
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +181,7 @@ class GpuGrant:
     memory_mib: int = 0
     units: int = 0
     mig_uuid: str = ""
+    power_w: int = 0  # the power budget granted on this GPU, watts
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,3 +100,16 @@ def test_as_published_marks_unhealthy_gpus() -> None:
     published = as_published("n", load_machine("dgx-a100"), unhealthy=frozenset({2}))
     assert published.status.unhealthy == frozenset({2})
     assert published.status.gpu_count == 8
+
+
+def test_an_allocation_written_with_the_earlier_mps_name_reads_as_hard_mps() -> None:
+    """Records committed before the levels were renamed ("mps") keep working as hard-mps."""
+    from contract.allocation import Enforcement, decode_allocation, encode_allocation
+
+    text = (
+        '{"enforcement":"mps","generation":1,"gpus":[{"index":0,"memoryMiB":1024,"migUuid":"","units":10,'
+        '"uuid":"GPU-a","whole":false}],"node":"n","resources":{},"schema":"linkpack.io/allocation/v1"}'
+    )
+    allocation = decode_allocation(text)
+    assert allocation.enforcement is Enforcement.HARD_MPS
+    assert '"enforcement":"hard-mps"' in encode_allocation(allocation)

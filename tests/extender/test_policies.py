@@ -164,3 +164,58 @@ def test_a_pod_needing_a_newer_cuda_than_a_driver_runs_is_kept_off_it(
     assert _filter(service, gpu_pod(gpus=1, linkpack_io_policy="new-cuda"))["NodeNames"] == ["nv-node"]
     bad = _filter(service, gpu_pod(gpus=1, linkpack_io_cuda_version="twelve"))
     assert "linkpack.io/cuda-version 'twelve'" in bad["FailedAndUnresolvableNodes"]["nv-node"]
+
+
+def _with_power(published: Any, limit: int, low: int, high: int) -> Any:
+    from contract.gpu_topology import GpuPower
+
+    power = tuple(GpuPower(g.index, limit, low, high) for g in published.topology.gpus)
+    return replace(published, status=replace(published.status, gpu_power=power))
+
+
+def test_power_budgets_are_placed_within_each_gpus_limit(config: ExtenderConfig) -> None:
+    """Whole GPUs take a budget their limit can be set to; shares of one GPU add up to at most its
+    limit; an impossible budget is refused naming the range, and an unknown limit is refused too."""
+    cluster = InMemoryCluster(config)
+    cluster.add_node(NodeFacts("powered"), _with_power(as_published("powered", hgx_h100()), 700, 200, 700))
+    cluster.add_node(NodeFacts("unknown"), as_published("unknown", two_socket_pcie()))
+    service = ExtenderService(config, cluster)
+    cluster.run_watches(handlers_for(service), lambda: True)
+    nodes = ["powered", "unknown"]
+
+    def bind(name: str, **ask: Any) -> str:
+        watts = ask.pop("watts")
+        pod = cluster.create_pod(gpu_pod(name, linkpack_io_gpu_power_watts=str(watts), **ask))
+        meta = pod["metadata"]
+        passed = service.filter(filter_args(pod, nodes))
+        if not passed["NodeNames"]:
+            return passed["FailedAndUnresolvableNodes"].get("powered") or passed["FailedNodes"]["powered"]
+        reply = service.bind(
+            {"PodName": name, "PodNamespace": "ml", "PodUID": meta["uid"], "Node": passed["NodeNames"][0]}
+        )
+        return reply["Error"] or passed["NodeNames"][0]
+
+    assert bind("too-low", gpus=1, watts=15).endswith("15 W asked, the GPUs allow 200-700 W")
+    assert bind("whole", gpus=2, watts=300) == "powered"
+    record = decode_allocation(
+        cluster.read_pod("ml", "whole").manifest["metadata"]["annotations"][ALLOCATION_ANNOTATION]
+    )
+    assert {g.power_w for g in record.grants} == {300}
+    for i in range(3):
+        assert bind(f"share-{i}", units=10, memory=1024, watts=300) == "powered"
+    shares = [
+        decode_allocation(
+            cluster.read_pod("ml", f"share-{i}").manifest["metadata"]["annotations"][ALLOCATION_ANNOTATION]
+        )
+        for i in range(3)
+    ]
+    per_gpu: dict[int, int] = {}
+    for s in shares:
+        per_gpu[s.grants[0].index] = per_gpu.get(s.grants[0].index, 0) + s.grants[0].power_w
+    assert max(per_gpu.values()) <= 700 and len(per_gpu) == 2  # two 300 W shares fit a 700 W GPU, not three
+    unknown = service.filter(
+        filter_args(gpu_pod("anywhere", gpus=1, linkpack_io_gpu_power_watts="300"), ["unknown"])
+    )
+    assert "does not publish its GPUs' power limits" in unknown["FailedAndUnresolvableNodes"]["unknown"]
+    bad = service.filter(filter_args(gpu_pod("typo", gpus=1, linkpack_io_gpu_power_watts="15w"), nodes))
+    assert "linkpack.io/gpu-power-watts '15w'" in bad["FailedAndUnresolvableNodes"]["powered"]
