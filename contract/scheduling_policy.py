@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract.allocation import ComputePriority
+from contract.keys import POLICY_ANNOTATION
 from topology.workload import Policy
 
 POLICY_KIND = "GpuSchedulingPolicy"
@@ -45,6 +46,39 @@ class SchedulingPolicy:
     @property
     def name(self) -> str:
         return self.policy.name
+
+
+def chosen_policy_name(
+    pod_policy: str | None,
+    namespace: str,
+    namespace_defaults: Mapping[str, str],
+    has_cluster_default: bool,
+    built_in_default: str,
+) -> tuple[str, str]:
+    """Which policy a pod runs under, and why: (name, source).
+
+    The pod's annotation, else its namespace's default (label or annotation `linkpack.io/policy`),
+    else the GpuSchedulingPolicy named `default`, else the extender's built-in default."""
+    if pod_policy:
+        return pod_policy, "pod annotation"
+    if namespace in namespace_defaults:
+        return namespace_defaults[namespace], f"namespace {namespace}"
+    if has_cluster_default:
+        return CLUSTER_DEFAULT_POLICY, "cluster default policy"
+    return built_in_default, "built-in default"
+
+
+def namespace_policy(namespace: Mapping[str, Any]) -> str | None:
+    """The default policy a Namespace object names (its label, else annotation, linkpack.io/policy)."""
+    meta = namespace.get("metadata") or {}
+    if not isinstance(meta, Mapping):
+        return None
+    for source in (meta.get("labels"), meta.get("annotations")):
+        if isinstance(source, Mapping):
+            named = source.get(POLICY_ANNOTATION)
+            if isinstance(named, str) and named.strip():
+                return named.strip()
+    return None
 
 
 def cuda_version_tuple(text: str) -> tuple[int, int] | None:

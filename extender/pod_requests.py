@@ -27,6 +27,7 @@ from contract.scheduling_policy import (
     CLUSTER_DEFAULT_POLICY,
     POLICY_KIND,
     SchedulingPolicy,
+    chosen_policy_name,
     cuda_version_tuple,
 )
 from extender.config import ExtenderConfig
@@ -65,14 +66,13 @@ def resolve_policy(
     `default`, else the extender's built-in default. A name is looked up among the
     GpuSchedulingPolicy objects first, then the built-in policies."""
     book = book or PolicyBook()
-    if pod_policy:
-        name, source = pod_policy, "pod annotation"
-    elif namespace in book.namespace_defaults:
-        name, source = book.namespace_defaults[namespace], f"namespace {namespace}"
-    elif CLUSTER_DEFAULT_POLICY in book.policies:
-        name, source = CLUSTER_DEFAULT_POLICY, "cluster default policy"
-    else:
-        name, source = config.default_policy, "built-in default"
+    name, source = chosen_policy_name(
+        pod_policy,
+        namespace,
+        book.namespace_defaults,
+        CLUSTER_DEFAULT_POLICY in book.policies,
+        config.default_policy,
+    )
     found = book.policies.get(name)
     if isinstance(found, str):
         return f"{POLICY_KIND} {name!r} ({source}) cannot be used: {found}"

@@ -11,10 +11,15 @@ from typing import Any
 
 from contract.cordons import parse_cordons
 from contract.gpu_topology import GpuTopologyError, PublishedTopology, decode_gpu_topology
-from contract.keys import ALLOCATION_ANNOTATION, CORDON_ANNOTATION, POLICY_ANNOTATION
+from contract.keys import ALLOCATION_ANNOTATION, CORDON_ANNOTATION
 from contract.pods import pod_finished, pod_ref
 from contract.resources import ResourceNames
-from contract.scheduling_policy import PolicyError, SchedulingPolicy, decode_scheduling_policy
+from contract.scheduling_policy import (
+    PolicyError,
+    SchedulingPolicy,
+    decode_scheduling_policy,
+    namespace_policy,
+)
 from extender.config import ExtenderConfig
 from extender.pod_requests import read_pod_request
 from extender.snapshot import NodeFacts, TrackedPod
@@ -56,10 +61,7 @@ def read_scheduling_policy(obj: Mapping[str, Any]) -> tuple[str, SchedulingPolic
 def namespace_default_policy(namespace: Mapping[str, Any]) -> tuple[str, str | None]:
     """(namespace name, the policy its label or annotation linkpack.io/policy names, or None)."""
     meta = namespace.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
-    named = labels.get(POLICY_ANNOTATION) or annotations.get(POLICY_ANNOTATION)
-    return str(meta.get("name") or ""), (str(named).strip() or None) if named else None
+    return str(meta.get("name") or ""), namespace_policy(namespace)
 
 
 def tracked_pod(pod: Mapping[str, Any]) -> TrackedPod:

@@ -19,6 +19,7 @@ from contract.resources import ResourceConfigError, ResourceNames, units_per_gpu
 from kubectl_linkpack.cluster_reader import EXTENDER_SERVICE, ClusterReader, KubeReader
 from kubectl_linkpack.errors import PluginError
 from kubectl_linkpack.explain_view import decode_explanation, format_explain
+from kubectl_linkpack.policies_view import format_policies, policy_rows
 from kubectl_linkpack.snapshot import NodeFacts, facts_by_name, ledgers_from, node_record, pod_allocations
 from kubectl_linkpack.views import format_nodes, format_pods, format_topo, ledger_warning
 
@@ -56,6 +57,7 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("nodes", help="GPUs per node: free, shared, whole, unhealthy, cordoned")
     topo = sub.add_parser("topo", help="a node's link matrix with kinds and GB/s, and its GPUs' state")
     topo.add_argument("node")
+    sub.add_parser("policies", help="the GpuSchedulingPolicy objects and which pods use each")
     pods = sub.add_parser("pods", help="which pod holds which GPUs and shares")
     pods.add_argument("-n", "--namespace", help="only this namespace (default: all)")
     explain = sub.add_parser("explain", help="why a pod is pending or placed where it is")
@@ -84,6 +86,10 @@ def run(args: argparse.Namespace, reader: ClusterReader, out: TextIO, now: dt.da
         return _nodes(reader, out, now, units)
     if args.command == "topo":
         return _topo(reader, out, args.node, units)
+    if args.command == "policies":
+        rows = policy_rows(reader.policies(), reader.namespaces(), reader.pods(None), names)
+        print(format_policies(rows), file=out)
+        return 0
     if args.command == "pods":
         ledgers, errors = ledgers_from(reader.ledgers())
         print(

@@ -27,6 +27,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from contract.keys import GROUP, LEDGER_LABEL, TOPOLOGY_PLURAL, TOPOLOGY_VERSION, ledger_name
+from contract.scheduling_policy import POLICY_PLURAL, POLICY_VERSION
 from kubectl_linkpack.errors import PluginError
 
 #: The extender's debug port through the API server's service proxy (scheme:service:port name,
@@ -80,6 +81,14 @@ class ClusterReader(Protocol):
 
     def pods(self, namespace: str | None) -> list[Doc]:
         """The pods of one namespace, or of all (None)."""
+        ...
+
+    def policies(self) -> list[Doc]:
+        """Every GpuSchedulingPolicy object."""
+        ...
+
+    def namespaces(self) -> list[Doc]:
+        """Every Namespace object (for their default policy)."""
         ...
 
     def explain(self, namespace: str, name: str) -> ExtenderReply:
@@ -180,6 +189,21 @@ class KubeReader:
                 lambda: core.list_namespaced_pod(namespace, _preload_content=False),
             )
         )
+
+    def policies(self) -> list[Doc]:
+        custom: Any = client.CustomObjectsApi(self._api())
+        return _items(
+            self._read(
+                "listing GpuSchedulingPolicy objects",
+                lambda: custom.list_cluster_custom_object(
+                    GROUP, POLICY_VERSION, POLICY_PLURAL, _preload_content=False
+                ),
+            )
+        )
+
+    def namespaces(self) -> list[Doc]:
+        core: Any = client.CoreV1Api(self._api())
+        return _items(self._read("listing namespaces", lambda: core.list_namespace(_preload_content=False)))
 
     def explain(self, namespace: str, name: str) -> ExtenderReply:
         path = f"debug/explain/{quote(namespace, safe='')}/{quote(name, safe='')}"

@@ -181,10 +181,23 @@ class FakeReader:
         self.node_objects = default_nodes()
         self.ledger_objects = default_ledgers()
         self.pod_objects = default_pods()
+        self.policy_objects: dict[str, dict[str, Any]] = {}
+        self.namespace_objects: dict[str, dict[str, Any]] = {}
         self._explain = explain
         self._nodes_error = nodes_error
         self._ledger_error = ledger_error
         self.asked: list[tuple[str, ...]] = []
+
+    policy_objects: dict[str, dict[str, Any]] = {}
+    namespace_objects: dict[str, dict[str, Any]] = {}
+
+    def policies(self) -> list[dict[str, Any]]:
+        self.asked.append(("policies",))
+        return copy.deepcopy(list(self.policy_objects.values()))
+
+    def namespaces(self) -> list[dict[str, Any]]:
+        self.asked.append(("namespaces",))
+        return copy.deepcopy(list(self.namespace_objects.values()))
 
     def topologies(self) -> list[dict[str, Any]]:
         self.asked.append(("topologies",))

@@ -1,0 +1,60 @@
+"""`kubectl linkpack policies`: every policy, valid or not, and the pods each one decides for."""
+
+from __future__ import annotations
+
+import argparse
+import io
+from typing import Any
+
+import pytest
+
+from kubectl_linkpack.cli import run
+
+from .fakes import FakeReader
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def gpu_pod(name: str, namespace: str, policy: str | None = None) -> dict[str, Any]:
+    annotations = {"linkpack.io/policy": policy} if policy else {}
+    return {
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "annotations": annotations},
+        "spec": {"containers": [{"name": "m", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def policy(name: str, **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+def test_policies_list_their_rules_and_the_pods_they_decide_for() -> None:
+    """A pod's annotation, its namespace's label and the cluster default each pick a policy, as
+    the extender picks it; an invalid policy is listed with what is wrong; CPU pods are not counted."""
+    reader = FakeReader()
+    reader.policy_objects = {
+        "default": policy("default", weights={"packing": 2}),
+        "fabric": policy("fabric", topology={"requireNvswitch": True}, cudaVersion="12.4"),
+        "broken": policy("broken", sharing={"maxSharersPerGpu": -1}),
+    }
+    reader.namespace_objects = {"research": {"metadata": {"name": "research", "labels": {"linkpack.io/policy": "fabric"}}}}
+    cpu = gpu_pod("cpu", "ml")
+    cpu["spec"]["containers"][0]["resources"] = {}
+    reader.pod_objects = [
+        gpu_pod("a", "ml"),
+        gpu_pod("b", "research"),
+        gpu_pod("c", "ml", policy="broken"),
+        gpu_pod("d", "ml", policy="binpack"),
+        cpu,
+    ]
+    out = io.StringIO()
+    args = argparse.Namespace(command="policies", units_per_gpu=None)
+    assert run(args, reader, out) == 0
+    lines = out.getvalue().splitlines()
+    rows = {line.split()[0]: line for line in lines[1:] if not line.startswith("warning")}
+    assert "1/1/2" in rows["default"] and rows["default"].endswith("ml/a")
+    assert "nvswitch,cuda>=12.4" in rows["fabric"] and rows["fabric"].endswith("research/b")
+    assert "INVALID" in rows["broken"] and rows["broken"].endswith("ml/c")
+    assert "built-in" in rows["binpack"] and rows["binpack"].endswith("ml/d")
+    assert any(line.startswith("warning: broken:") and "maxSharersPerGpu" in line for line in lines)
+    assert "cpu" not in out.getvalue()
