@@ -104,7 +104,7 @@ def _run(cp: ControlPlane, config: str, pods: int, namespace: str) -> tuple[floa
 def measure(nodes: int = 300, pods: int = 600) -> dict[str, float]:
     with ControlPlane(ensure_binaries()) as cp:
         objects = []
-        for name in ("namespace.yaml", "crd-gputopology.yaml", "rbac.yaml"):
+        for name in ("namespace.yaml", "crd-gputopology.yaml", "crd-gpuschedulingpolicy.yaml", "rbac.yaml"):
             objects += load_manifest(MANIFESTS / name)
         cp.create_objects(objects, exist_ok=True)
         wait_for_crd(cp.api_client(), "gputopologies.linkpack.io")

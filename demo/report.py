@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from demo.cluster import DemoNode
-from extender.service import ExtenderService
 from contract.allocation import decode_allocation
 from contract.keys import ALLOCATION_ANNOTATION
+from demo.cluster import DemoNode
+from extender.service import ExtenderService
 from topology.bandwidth import link_bandwidth
 from topology.fragmentation import node_state_fragmentation
 from topology.model import LinkKind, NodeTopology

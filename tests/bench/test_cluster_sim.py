@@ -9,7 +9,7 @@ import pytest
 
 from bench.cluster import baselines
 from bench.cluster.__main__ import parse_seeds
-from bench.cluster.cluster import SimulatedCluster, Decision
+from bench.cluster.cluster import Decision, SimulatedCluster
 from bench.cluster.fgd_policy import FgdPolicy, fgd_policy
 from bench.cluster.policy import NodeChoice, NodeSnapshot, PolicyFactory, RunContext, per_node
 from bench.cluster.protocol import RunRecord, build_arrivals, unallocated_curve
@@ -51,7 +51,9 @@ def _context(cluster: SimulatedCluster, seed: int = 0, workload: Workload = ()) 
     return RunContext(cluster, np.arange(cluster.size, dtype=np.int64), np.random.default_rng(seed), workload)
 
 
-def _set_free(cluster: SimulatedCluster, node: int, free: tuple[int, ...], cpu_left: int | None = None) -> None:
+def _set_free(
+    cluster: SimulatedCluster, node: int, free: tuple[int, ...], cpu_left: int | None = None
+) -> None:
     """Force a node's free GPU milli (and CPU) for a hand-made case, keeping the caches coherent."""
     cluster.gpu_left[node, : len(free)] = free
     if cpu_left is not None:

@@ -6,8 +6,8 @@
   `python -m tests.cluster.binaries`.
 - `control_plane` (session): one running `ControlPlane` (etcd + kube-apiserver) shared by all
   tests; no scheduler runs unless a test starts one (`start_scheduler`, stop it when done).
-- `linkpack_crd` (session): namespace.yaml, crd-gputopology.yaml and rbac.yaml created on the
-  control plane, the CRD Established.
+- `linkpack_crd` (session): namespace.yaml, both CRDs and rbac.yaml created on the control
+  plane, the CRDs Established.
 - `cluster_namespace` (function): a fresh namespace whose pods are deleted afterwards.
 
 When a test that used the control plane fails, the control plane keeps its directory and prints
@@ -31,6 +31,7 @@ from tests.cluster.controlplane import (
 )
 
 CRD_NAME = "gputopologies.linkpack.io"
+POLICY_CRD_NAME = "gpuschedulingpolicies.linkpack.io"
 _CONTROL_PLANE_KEY = pytest.StashKey[ControlPlane]()
 
 
@@ -61,10 +62,11 @@ def control_plane(request: pytest.FixtureRequest, k8s_binaries: Binaries) -> Ite
 @pytest.fixture(scope="session")
 def linkpack_crd(control_plane: ControlPlane) -> ControlPlane:
     objects = []
-    for name in ("namespace.yaml", "crd-gputopology.yaml", "rbac.yaml"):
+    for name in ("namespace.yaml", "crd-gputopology.yaml", "crd-gpuschedulingpolicy.yaml", "rbac.yaml"):
         objects += load_manifest(MANIFESTS / name)
     control_plane.create_objects(objects, exist_ok=True)
     wait_for_crd(control_plane.api_client(), CRD_NAME)
+    wait_for_crd(control_plane.api_client(), POLICY_CRD_NAME)
     return control_plane
 
 

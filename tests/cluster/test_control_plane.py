@@ -267,6 +267,8 @@ EXTENDER_ALLOWED = [
     ("patch", "pods", "ml"),
     ("create", "pods/binding", "ml"),
     ("list", "linkpack.io:gputopologies", ""),
+    ("watch", "linkpack.io:gpuschedulingpolicies", ""),
+    ("list", "namespaces", ""),
     ("create", "events", "ml"),
     ("update", "configmaps", SYSTEM_NAMESPACE),
     ("update", "coordination.k8s.io:leases", SYSTEM_NAMESPACE),
@@ -276,6 +278,8 @@ EXTENDER_DENIED = [
     ("get", "secrets", SYSTEM_NAMESPACE),
     ("update", "configmaps", "ml"),
     ("update", "linkpack.io:gputopologies", ""),
+    ("update", "linkpack.io:gpuschedulingpolicies", ""),
+    ("patch", "namespaces", ""),
     ("patch", "nodes", ""),
     ("update", "coordination.k8s.io:leases", "kube-system"),
 ]

@@ -95,15 +95,17 @@ class AgentProcess:
 
 
 @contextlib.contextmanager
-def running_agent(cp: ControlPlane, node: str, extra: Sequence[str]) -> Iterator[AgentProcess]:
-    """`python -m node_agent --simulate dgx-a100` for `node`, until its /healthz answers."""
+def running_agent(
+    cp: ControlPlane, node: str, extra: Sequence[str], machine: str = "dgx-a100"
+) -> Iterator[AgentProcess]:
+    """`python -m node_agent --simulate <machine>` for `node`, until its /healthz answers."""
     port = free_port()
     log_path = cp.log_dir / f"node-agent-{node}.log"
     argv = [
         sys.executable,
         "-m",
         "node_agent",
-        "--simulate=dgx-a100",
+        f"--simulate={machine}",
         f"--node-name={node}",
         f"--kubeconfig={cp.kubeconfig_path}",
         "--metrics-host=127.0.0.1",

@@ -19,6 +19,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from node_agent.node_labels import LABEL_KEYS
 from tests.cluster.binaries import Binaries
 from tests.cluster.controlplane import (
     MANIFESTS,
@@ -249,6 +250,94 @@ def test_agent_may_not_change_other_labels_annotations_or_spec_of_its_node(clust
     message = refused_by(AGENT_POLICY, lambda: core.patch_node(NODE_A, spec, _content_type=MERGE))
     assert "may not change the spec" in message
     assert not _core(cluster.admin).read_node(NODE_A).spec.unschedulable
+
+
+#: The labels outside linkpack.io/ the agent sets (node_agent/node_labels.py), with values it could set.
+GPU_LABELS = {
+    "nvidia.com/gpu.product": "A100-SXM4-40GB",
+    "nvidia.com/gpu.count": "8",
+    "nvidia.com/gpu.memory": "40960",
+    "nvidia.com/mig.capable": "false",
+    "nvidia.com/cuda.driver.major": "550",
+    "nvidia.com/cuda.driver.minor": "54",
+    "nvidia.com/cuda.driver.rev": "15",
+    "nvidia.com/cuda.runtime.major": "12",
+    "nvidia.com/cuda.runtime.minor": "4",
+    "nvidia.com/gpu.nvlink": "true",
+    "nvidia.com/gpu.nvswitch": "true",
+    "topology.kubernetes.io/nvidia-sxm": "true",
+}
+
+
+@pytest.mark.timeout(120)
+def test_the_policy_allows_exactly_the_agents_gpu_labels() -> None:
+    """The policy's list of GPU labels is the node agent's list of labels outside linkpack.io/."""
+    assert set(GPU_LABELS) == {k for k in LABEL_KEYS if not k.startswith("linkpack.io/")}
+    (policy,) = [
+        o
+        for o in load_manifest(MANIFESTS / "node-agent-policy.yaml")
+        if o["kind"] == "ValidatingAdmissionPolicy"
+    ]
+    (variable,) = [v for v in policy["spec"]["variables"] if v["name"] == "gpuLabels"]
+    listed = {item.strip().strip("'") for item in variable["expression"].strip().strip("[]").split(",")}
+    assert listed == set(GPU_LABELS)
+
+
+@pytest.mark.timeout(120)
+def test_agent_may_set_change_and_remove_its_gpu_labels_on_its_own_node(cluster: Cluster) -> None:
+    """The agent on node A may set, change and remove each GPU label and its label record on node A."""
+    core = _core(cluster.agent)
+    body = {
+        "metadata": {
+            "labels": {**GPU_LABELS, "linkpack.io/nvlink-clique": "8"},
+            "annotations": {"linkpack.io/managed-labels": json.dumps(GPU_LABELS)},
+        }
+    }
+    patched = core.patch_node(NODE_A, body, _content_type=MERGE)
+    assert {k: patched.metadata.labels[k] for k in GPU_LABELS} == GPU_LABELS
+    changed = {"metadata": {"labels": {"nvidia.com/gpu.count": "4", "nvidia.com/cuda.driver.rev": ""}}}
+    patched = core.patch_node(NODE_A, changed, _content_type=MERGE)
+    assert patched.metadata.labels["nvidia.com/gpu.count"] == "4"
+    removed = {
+        "metadata": {
+            "labels": {k: None for k in (*GPU_LABELS, "linkpack.io/nvlink-clique")},
+            "annotations": {"linkpack.io/managed-labels": None},
+        }
+    }
+    patched = core.patch_node(NODE_A, removed, _content_type=MERGE)
+    assert not set(GPU_LABELS) & set(patched.metadata.labels or {})
+
+
+@pytest.mark.timeout(120)
+def test_other_labels_and_other_nodes_stay_refused(cluster: Cluster) -> None:
+    """Labels beyond the list (other nvidia.com/ and topology.kubernetes.io/ keys) and node B stay refused."""
+    core = _core(cluster.agent)
+    for key in (
+        "nvidia.com/gpu.family",
+        "nvidia.com/gpu.present",
+        "topology.kubernetes.io/zone",
+        "nvidia.com/sxm",
+    ):
+        body = {"metadata": {"labels": {"nvidia.com/gpu.count": "8", key: "x"}}}
+        message = refused_by(
+            AGENT_POLICY, lambda body=body: core.patch_node(NODE_A, body, _content_type=MERGE)
+        )
+        assert f"it changed {key}" in message, message
+    admin = _core(cluster.admin)
+    admin.patch_node(
+        NODE_A, {"metadata": {"labels": {"nvidia.com/gpu.product": "set-by-gfd"}}}, _content_type=MERGE
+    )
+    body = {"metadata": {"labels": {"nvidia.com/gpu.product": "A100-SXM4-40GB"}}}
+    core.patch_node(
+        NODE_A, body, _content_type=MERGE
+    )  # a listed label: the policy allows it, ownership is the agent's rule
+    message = refused_by(
+        AGENT_POLICY,
+        lambda: core.patch_node(NODE_B, {"metadata": {"labels": GPU_LABELS}}, _content_type=MERGE),
+    )
+    assert f"on node {NODE_A} may not change Node {NODE_B}" in message
+    assert not set(GPU_LABELS) & set(admin.read_node(NODE_B).metadata.labels or {})
+    admin.patch_node(NODE_A, {"metadata": {"labels": {"nvidia.com/gpu.product": None}}}, _content_type=MERGE)
 
 
 # ---------------------------------------------------------------------- GpuTopology

@@ -25,7 +25,9 @@ def container(name: str, restart: str = "", **limits: str) -> dict[str, Any]:
     return out
 
 
-def pod(name: str, containers: list[dict[str, Any]], init: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def pod(
+    name: str, containers: list[dict[str, Any]], init: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     spec: dict[str, Any] = {"schedulerName": "linkpack", "nodeName": "node-a", "containers": containers}
     if init:
         spec["initContainers"] = init
@@ -44,7 +46,11 @@ class Case:
 
 
 CASES = (
-    Case("a plain pod asks for what its one container asks", pod("plain", [container("main", gpu="2")]), {GPU: 2}),
+    Case(
+        "a plain pod asks for what its one container asks",
+        pod("plain", [container("main", gpu="2")]),
+        {GPU: 2},
+    ),
     Case(
         "app containers add up",
         pod("two-apps", [container("a", gpu="1"), container("b", gpu="2")]),

@@ -29,7 +29,9 @@ def _status() -> TopologyStatus:
     return TopologyStatus(
         gpu_health=(
             GpuHealthEntry(0, "GPU-a", True),
-            GpuHealthEntry(1, "GPU-b", False, "XID 79: GPU has fallen off the bus", "2026-12-01T00:00:00Z", "fatal"),
+            GpuHealthEntry(
+                1, "GPU-b", False, "XID 79: GPU has fallen off the bus", "2026-12-01T00:00:00Z", "fatal"
+            ),
         ),
         gpu_count=2,
         agent_version="0.1.0",

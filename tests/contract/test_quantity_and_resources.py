@@ -60,7 +60,7 @@ def test_resource_names_from_env_and_their_kinds() -> None:
 )  # fmt: skip
 def test_unusable_resource_names_name_the_variable(env: dict[str, str]) -> None:
     """A name without a domain, or two settings naming the same resource, is refused."""
-    with pytest.raises(ResourceConfigError, match="LINKPACK_RESOURCE|must differ"):
+    with pytest.raises(ResourceConfigError, match=r"LINKPACK_RESOURCE|must differ"):
         ResourceNames.from_env(env)
 
 

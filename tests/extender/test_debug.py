@@ -369,7 +369,9 @@ def test_cordon_junk_reaches_the_node_page_and_the_explanation(
     from contract.keys import CORDON_ANNOTATION
     from extender.translate import node_facts
 
-    facts = node_facts({"metadata": {"name": "typo-node", "annotations": {CORDON_ANNOTATION: "GPU-7,MIG-abc"}}})
+    facts = node_facts(
+        {"metadata": {"name": "typo-node", "annotations": {CORDON_ANNOTATION: "GPU-7,MIG-abc"}}}
+    )
     cluster.add_node(facts, as_published("typo-node", hgx_h100("typo")))
     node_doc = http.get("/debug/topology/typo-node").json()["node"]
     assert len(node_doc["cordonProblems"]) == 2 and "MIG instance" in node_doc["cordonProblems"][1]

@@ -37,7 +37,9 @@ def test_policies_list_their_rules_and_the_pods_they_decide_for() -> None:
         "fabric": policy("fabric", topology={"requireNvswitch": True}, cudaVersion="12.4"),
         "broken": policy("broken", sharing={"maxSharersPerGpu": -1}),
     }
-    reader.namespace_objects = {"research": {"metadata": {"name": "research", "labels": {"linkpack.io/policy": "fabric"}}}}
+    reader.namespace_objects = {
+        "research": {"metadata": {"name": "research", "labels": {"linkpack.io/policy": "fabric"}}}
+    }
     cpu = gpu_pod("cpu", "ml")
     cpu["spec"]["containers"][0]["resources"] = {}
     reader.pod_objects = [

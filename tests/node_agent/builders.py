@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contract.allocation import Allocation, Enforcement, encode_allocation
+from contract.allocation import Allocation, ComputePriority, Enforcement, encode_allocation
 from contract.keys import ALLOCATION_ANNOTATION
 from contract.pod_demand import ContainerDemand, ContainerRole, effective_amounts
 from contract.pods import PodRef
@@ -89,6 +89,7 @@ def pod(
     resource: str | None = None,
     amount: int | None = None,
     enforcement: Enforcement | None = None,
+    priority: ComputePriority = ComputePriority.NORMAL,
 ) -> BoundPod:
     """A pod bound to the node. Without `containers`, one container asks for what the grants give;
     the record grants the pod's effective request (the contract's rule)."""
@@ -105,6 +106,7 @@ def pod(
             grants=grants,
             generation=generation,
             enforcement=enforcement or enforcement_of(grants),
+            priority=priority,
             resources=tuple(sorted(effective_amounts(containers).items())),
         )
         annotations[ALLOCATION_ANNOTATION] = encode_allocation(record)

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+INVALID_ARGUMENT = 2
 NOT_SUPPORTED = 3
+NO_PERMISSION = 4
 NOT_FOUND = 6
 TIMEOUT = 10
 LIBRARY_NOT_FOUND = 12
@@ -58,6 +60,9 @@ class FakeGpu:
     util: tuple[int, int] = (37, 12)
     ecc: dict[tuple[int, int], int] = field(default_factory=dict)
     remapped: tuple[int, int, int, int] = (0, 0, 0, 0)
+    power_limit_mw: int | None = 400_000  # None: power management not supported
+    power_range_mw: tuple[int, int] = (100_000, 400_000)
+    power_default_mw: int = 400_000
 
 
 class Handle:
@@ -81,6 +86,8 @@ class FakePynvml:
         self.registered: list[tuple[int, int]] = []
         self.shutdowns = 0
         self.freed = 0
+        self.cuda_version = 12040  # what nvmlSystemGetCudaDriverVersion(_v2) answers
+        self.power_sets: list[tuple[int, int]] = []  # (GPU index, milliwatts) of every accepted set
 
     def _enter(self, name: str) -> None:
         self.calls.append(name)
@@ -102,6 +109,14 @@ class FakePynvml:
     def nvmlSystemGetDriverVersion(self) -> str:
         self._enter("nvmlSystemGetDriverVersion")
         return "550.54.15"
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._enter("nvmlSystemGetCudaDriverVersion")
+        return self.cuda_version
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        self._enter("nvmlSystemGetCudaDriverVersion_v2")
+        return self.cuda_version
 
     def nvmlDeviceGetCount(self) -> int:
         self._enter("nvmlDeviceGetCount")
@@ -228,6 +243,35 @@ class FakePynvml:
     def nvmlDeviceGetRemappedRows(self, h: Handle) -> tuple[int, int, int, int]:
         self._enter("nvmlDeviceGetRemappedRows")
         return h.gpu.remapped
+
+    # ------------------------------------------------------------------ power
+    def _power(self, h: Handle) -> int:
+        if h.gpu.power_limit_mw is None:
+            raise NVMLError(NOT_SUPPORTED)
+        return h.gpu.power_limit_mw
+
+    def nvmlDeviceGetPowerManagementLimit(self, h: Handle) -> int:
+        self._enter("nvmlDeviceGetPowerManagementLimit")
+        return self._power(h)
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, h: Handle) -> list[int]:
+        self._enter("nvmlDeviceGetPowerManagementLimitConstraints")
+        self._power(h)
+        return list(h.gpu.power_range_mw)
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, h: Handle) -> int:
+        self._enter("nvmlDeviceGetPowerManagementDefaultLimit")
+        self._power(h)
+        return h.gpu.power_default_mw
+
+    def nvmlDeviceSetPowerManagementLimit(self, h: Handle, limit_mw: int) -> None:
+        self._enter("nvmlDeviceSetPowerManagementLimit")
+        self._power(h)
+        low, high = h.gpu.power_range_mw
+        if not isinstance(limit_mw, int) or not low <= limit_mw <= high:
+            raise NVMLError(INVALID_ARGUMENT)
+        h.gpu.power_limit_mw = limit_mw
+        self.power_sets.append((self._index(h), limit_mw))
 
     # ------------------------------------------------------------------ events
     def nvmlEventSetCreate(self) -> str:

@@ -14,7 +14,7 @@ from contract.gpu_topology import (
     encode_status,
     topology_object,
 )
-from node_agent.kube import AgentEvent, KubeConflict, KubeError, KubeNotFound, PodInfo
+from node_agent.kube import AgentEvent, KubeConflict, KubeError, KubeNotFound, NodeMetadata, PodInfo
 from topology.catalog import MACHINES, load_machine, topo_dir
 from topology.codec import content_hash
 from topology.model import NodeTopology
@@ -40,6 +40,9 @@ class FakeNodeApi:
 
     def __init__(self, node: str = "n1") -> None:
         self.node_annotations: dict[str, str] = {}
+        self.node_labels: dict[str, str] = {}
+        self.node_version = 1  # the Node's resourceVersion, bumped by every write to it
+        self.label_patches: list[tuple[dict[str, str | None], dict[str, str | None], str]] = []
         self.spec: dict[str, Any] | None = None
         self.spec_hash = ""
         self.status: dict[str, Any] = {}
@@ -64,11 +67,36 @@ class FakeNodeApi:
 
     def patch_node_annotations(self, node: str, changes: Mapping[str, str | None]) -> None:
         self._maybe_fail("patch node")
-        for k, v in changes.items():
-            if v is None:
-                self.node_annotations.pop(k, None)
-            else:
-                self.node_annotations[k] = v
+        _merge(self.node_annotations, changes)
+        self.node_version += 1
+
+    def get_node_metadata(self, node: str) -> NodeMetadata:
+        self._maybe_fail("get node")
+        return NodeMetadata(
+            MappingProxyType(dict(self.node_labels)),
+            MappingProxyType(dict(self.node_annotations)),
+            str(self.node_version),
+        )
+
+    def patch_node_labels(
+        self,
+        node: str,
+        labels: Mapping[str, str | None],
+        annotations: Mapping[str, str | None],
+        resource_version: str,
+    ) -> None:
+        self._maybe_fail("patch node labels")
+        self.label_patches.append((dict(labels), dict(annotations), resource_version))
+        if resource_version and resource_version != str(self.node_version):
+            raise KubeConflict(f"patch node {node}: HTTP 409 Conflict", 409)
+        _merge(self.node_labels, labels)
+        _merge(self.node_annotations, annotations)
+        self.node_version += 1
+
+    def label_node(self, changes: Mapping[str, str | None]) -> None:
+        """Another writer (an operator, GPU Feature Discovery) sets (value) or removes (None) labels."""
+        _merge(self.node_labels, changes)
+        self.node_version += 1
 
     def get_topology(self, node: str) -> PublishedTopology | None:
         self._maybe_fail("get topology")
@@ -133,6 +161,14 @@ class FakeNodeApi:
     def emit_event(self, event: AgentEvent) -> None:
         self._maybe_fail("event")
         self.events.append(event)
+
+
+def _merge(target: dict[str, str], changes: Mapping[str, str | None]) -> None:
+    for k, v in changes.items():
+        if v is None:
+            target.pop(k, None)
+        else:
+            target[k] = v
 
 
 class FakeClock:

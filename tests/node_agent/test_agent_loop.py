@@ -6,7 +6,9 @@ import threading
 import time
 from types import MappingProxyType
 
-from contract.allocation import Allocation, encode_allocation
+import pytest
+
+from contract.allocation import Allocation, Enforcement, encode_allocation
 from contract.keys import ALLOCATION_ANNOTATION, CORDON_ANNOTATION
 from node_agent.agent_loop import Agent
 from node_agent.config import AgentConfig
@@ -60,7 +62,7 @@ def test_the_status_carries_the_gpu_count(tmp_path):
     agent.poll()
     assert cluster.status["gpuCount"] == 8 == agent.topology.gpu_count
     assert cluster.published is not None and cluster.published.gpu_count == 8
-    assert cluster.status["interposer"] == {"available": False}  # not delivered by this agent yet
+    assert cluster.status["interposer"] == {"available": False}  # until the device plugins deliver it
 
 
 def test_mps_is_active_while_the_configured_pipe_directory_exists(tmp_path):
@@ -281,3 +283,39 @@ def test_state_shows_the_topology_its_sources_and_the_status(tmp_path):
     assert state["node"] == "n1" and state["sources"]["links"] == "nvml (simulated)"
     assert state["status"]["gpuCount"] == 8 and len(state["status"]["gpuHealth"]) == 8
     assert "heartbeat" not in state["status"]
+
+
+@pytest.mark.timeout(30)
+def test_an_interposer_share_over_its_cap_is_reported_with_its_level(tmp_path):
+    """A share held by the interposer found over its cap is reported with its enforcement level in the event and the metric."""
+    agent, sim, cluster, _ = _agent(tmp_path)
+    uid = "1b2c3d4e-5f60-4a7b-8c9d-0e1f2a3b4c5d"
+    (tmp_path / "901").mkdir()
+    (tmp_path / "901" / "cgroup").write_text(f"0::/kubepods/burstable/pod{uid}/c1\n")
+    grant = GpuGrant(5, agent.topology.gpus[5].uuid, False, memory_mib=1024, units=10)
+    allocation = Allocation("n1", (grant,), enforcement=Enforcement.INTERPOSER)
+    annotations = MappingProxyType({ALLOCATION_ANNOTATION: encode_allocation(allocation)})
+    cluster.pods = [PodInfo("ml", "held", uid, "3", "n1", "Running", annotations)]
+    sim.set_process(5, 901, 4096 * MIB)
+    agent.poll()
+    (over,) = [e for e in cluster.events if e.reason == "GpuMemoryOverShare"]
+    assert "its record's enforcement is interposer" in over.message
+    body, _ = agent.metrics.render()
+    assert (
+        b'linkpack_pod_gpu_memory_over_limit_total{enforcement="interposer",gpu="5",namespace="ml",pod="held"} 1.0'
+        in body
+    )
+
+
+@pytest.mark.timeout(30)
+def test_the_status_says_interposer_available_as_the_delivery_reports_it(tmp_path):
+    """The published status carries interposer.available as the wiring's delivery check answers it at each poll."""
+    agent, _, cluster, clock = _agent(tmp_path)
+    installed = {"now": True}
+    agent.interposer_ready = lambda: installed["now"]
+    agent.poll()
+    assert cluster.status["interposer"] == {"available": True}
+    installed["now"] = False
+    clock.advance(1)
+    agent.poll()
+    assert cluster.status["interposer"] == {"available": False}

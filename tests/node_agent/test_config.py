@@ -60,3 +60,25 @@ def test_a_bad_resource_setting_is_a_usage_error(capsys):
     with pytest.raises(SystemExit):
         parse_args([], env={"LINKPACK_RESOURCE_GPU": "gpu"})
     assert "LINKPACK_RESOURCE_GPU" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(10)
+def test_interposer_and_mps_supervision_flags():
+    """The interposer, GPU state and MPS supervision flags have their defaults and can be changed or turned off."""
+    default = parse_args([], env={})
+    assert default.interposer_lib == "/opt/linkpack/lib/liblinkpack_cuda.so"
+    assert default.gpu_state_dir == "/var/lib/linkpack/gpu-state"
+    assert not default.mps_supervise and default.mps_pipe_dir is None and default.mps_shm_dir is None
+    assert (
+        default.mps_control == "nvidia-cuda-mps-control"
+        and default.mps_log_dir == "/var/lib/linkpack/mps/log"
+    )
+    off = parse_args(["--interposer-lib=", "--gpu-state-dir="], env={})
+    assert off.interposer_lib is None and off.gpu_state_dir is None
+    supervised = parse_args(
+        ["--mps", "--mps-control=/usr/bin/mpsc", "--mps-shm-dir=/var/lib/linkpack/mps/shm"], env={}
+    )
+    assert supervised.mps_supervise and supervised.mps_pipe_dir == "/var/lib/linkpack/mps/pipe"
+    assert (supervised.mps_control, supervised.mps_shm_dir) == ("/usr/bin/mpsc", "/var/lib/linkpack/mps/shm")
+    external = parse_args(["--mps-pipe-dir=/run/mps"], env={})
+    assert not external.mps_supervise and external.mps_pipe_dir == "/run/mps"

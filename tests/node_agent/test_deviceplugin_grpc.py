@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from contract.allocation import ComputePriority, Enforcement
 from node_agent.deviceplugin._generated import deviceplugin_pb2 as api
 from node_agent.deviceplugin._generated import deviceplugin_pb2_grpc as api_grpc
 from node_agent.deviceplugin.broker import AllocationBroker
@@ -22,10 +23,12 @@ from node_agent.deviceplugin.inventory import share_unit_id
 from node_agent.deviceplugin.record_store import InMemoryPodRecords
 from node_agent.deviceplugin.server import DevicePlugins, PluginConfig, start_device_plugins
 
-from .builders import SHARED_GPU, WHOLE_GPU, inventory, pod, share, uuid, whole
+from .builders import MIG_GPU, SHARED_GPU, WHOLE_GPU, inventory, mig, mig_uuid, pod, share, uuid, whole
 from .fake_kubelet import FakeKubelet, wait_until
 
 pytestmark = pytest.mark.timeout(60)
+
+INTERPOSER = Enforcement.INTERPOSER
 
 
 @pytest.fixture
@@ -214,3 +217,115 @@ def test_concurrent_allocates_over_grpc_hand_out_each_record_once(running, plugi
         for t in threads:
             t.join()
     assert sorted(outcomes) == sorted([uuid(0), uuid(1)] + ["FAILED_PRECONDITION"] * 4)
+
+
+# ------------------------------------------------------------------------------------------------
+# enforcement levels over the wire
+
+
+@pytest.fixture
+def levels(plugin_dir: Path, tmp_path: Path) -> Iterator[tuple[DevicePlugins, SharingConfig]]:
+    """Plugins on a node offering every level, with one pod per level: an interposer share, a
+    hard-MPS share, a whole-GPU pair and a MIG slice."""
+    interposer = tmp_path / "shim" / "interposer"
+    interposer.mkdir(parents=True)
+    (interposer / "liblinkpack_cuda.so").write_bytes(b"\x7fELF")  # only its presence is checked here
+    sharing = SharingConfig(
+        shim_host_dir=str(tmp_path / "shim"),
+        interposer_host_dir=str(interposer),
+        gpu_state_dir=str(tmp_path / "gpu-state"),
+        mps_pipe_dir=str(tmp_path / "mps-pipe"),
+    )
+    store = InMemoryPodRecords(
+        [
+            pod("held", share(1, 2048, 3), bound_at=1, enforcement=INTERPOSER, priority=ComputePriority.LOW),
+            pod("mps", share(2, 4096, 2), bound_at=2, enforcement=Enforcement.HARD_MPS),
+            pod("pair", whole(0, 1), bound_at=3),
+            pod("slice", mig(3, 0), bound_at=4),
+        ]
+    )
+    inv = inventory(4, units_per_gpu=4, mig_gpus=(3,))
+    broker = AllocationBroker(inv, store, sharing, mps_ready=lambda: True)
+    config = PluginConfig(plugin_dir=str(plugin_dir), pod_resources_socket=None, poll_interval_s=0.05)
+    plugins = start_device_plugins(broker, config)
+    yield plugins, sharing
+    plugins.stop()
+
+
+def allocate(plugin_dir: Path, resource: str, ids: list[str]) -> api.ContainerAllocateResponse:
+    channel, client = stub(plugin_dir, resource)
+    with channel:
+        answer = client.Allocate(
+            api.AllocateRequest(container_requests=[api.ContainerAllocateRequest(devices_ids=ids)]), timeout=5
+        )
+    return answer.container_responses[0]
+
+
+def mounts_of(container: api.ContainerAllocateResponse) -> dict[str, tuple[str, bool]]:
+    return {m.container_path: (m.host_path, m.read_only) for m in container.mounts}
+
+
+@pytest.mark.timeout(30)
+def test_an_interposer_share_is_answered_with_the_preload_its_mount_and_its_caps(
+    levels, plugin_dir: Path
+) -> None:
+    """Allocate over gRPC answers an interposer share with LD_PRELOAD, the library's read-only mount, its caps, its priority and the shared state directory."""
+    _, sharing = levels
+    container = allocate(plugin_dir, SHARED_GPU, [share_unit_id(uuid(1), k) for k in range(3)])
+    envs = dict(container.envs)
+    assert envs["LINKPACK_ENFORCEMENT"] == "interposer" and "LINKPACK_ENFORCEMENT_FALLBACK" not in envs
+    assert envs["LD_PRELOAD"] == "/opt/linkpack/interposer/liblinkpack_cuda.so"
+    assert envs["LINKPACK_MEMORY_LIMIT_MIB"] == "2048" and envs["LINKPACK_MEMORY_FRACTION"] == "0.025"
+    assert (envs["LINKPACK_COMPUTE_UNITS"], envs["LINKPACK_UNITS_PER_GPU"]) == ("3", "4")
+    assert envs["LINKPACK_COMPUTE_PRIORITY"] == "low"
+    assert envs["LINKPACK_GPU_STATE_DIR"] == "/run/linkpack/gpu-state"
+    assert envs["PYTHONPATH"] == "/opt/linkpack/shim"
+    assert mounts_of(container) == {
+        "/opt/linkpack/shim": (sharing.shim_host_dir, True),
+        "/opt/linkpack/interposer": (sharing.interposer_host_dir, True),
+        "/run/linkpack/gpu-state": (sharing.gpu_state_dir, False),
+    }
+    assert not any(name.startswith("CUDA_MPS_") for name in envs)
+
+
+@pytest.mark.timeout(30)
+def test_an_mps_share_is_answered_with_its_client_limits_and_no_preload(levels, plugin_dir: Path) -> None:
+    """Allocate over gRPC answers a hard-MPS share with its pinned memory, thread percentage and pipe directory, and no LD_PRELOAD."""
+    _, sharing = levels
+    container = allocate(plugin_dir, SHARED_GPU, [share_unit_id(uuid(2), k) for k in range(2)])
+    envs = dict(container.envs)
+    assert envs["LINKPACK_ENFORCEMENT"] == "hard-mps"
+    assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+    assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert envs["CUDA_MPS_PIPE_DIRECTORY"] == sharing.mps_pipe_dir
+    assert "LD_PRELOAD" not in envs and "CUDA_MPS_CLIENT_PRIORITY" not in envs
+    assert mounts_of(container)[str(sharing.mps_pipe_dir)] == (sharing.mps_pipe_dir, False)
+
+
+@pytest.mark.timeout(30)
+def test_whole_gpu_and_mig_containers_get_no_preload_no_mps_and_no_mounts(levels, plugin_dir: Path) -> None:
+    """Allocate over gRPC answers whole-GPU and MIG containers with their devices only: no LD_PRELOAD, no MPS variable, no cap, no mount."""
+    for resource, ids in ((WHOLE_GPU, [uuid(0), uuid(1)]), (MIG_GPU, [mig_uuid(3, 0)])):
+        container = allocate(plugin_dir, resource, ids)
+        envs = dict(container.envs)
+        assert set(envs) == {"NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "LINKPACK_ENFORCEMENT"}, resource
+        assert envs["LINKPACK_ENFORCEMENT"] in ("none", "mig")
+        assert list(container.mounts) == []
+
+
+@pytest.mark.timeout(30)
+def test_an_interposer_share_on_a_node_that_lost_the_library_falls_back_and_is_counted(
+    levels, plugin_dir: Path
+) -> None:
+    """When the installed library has gone, an interposer share is answered cooperatively, says why, and is counted as a fallback."""
+    plugins, sharing = levels
+    assert sharing.interposer_host_dir is not None
+    (Path(sharing.interposer_host_dir) / "liblinkpack_cuda.so").unlink()
+    container = allocate(plugin_dir, SHARED_GPU, [share_unit_id(uuid(1), k) for k in range(3)])
+    envs = dict(container.envs)
+    assert envs["LINKPACK_ENFORCEMENT"] == "cooperative"
+    assert "interposer library is not installed" in envs["LINKPACK_ENFORCEMENT_FALLBACK"]
+    assert "LD_PRELOAD" not in envs and "/opt/linkpack/interposer" not in mounts_of(container)
+    counters = plugins.broker.counters
+    assert counters.enforcement_disagreements == 1 and counters.fallbacks == {"interposer": 1}
+    assert counters.applied == {"cooperative": 1}

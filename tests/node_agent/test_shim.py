@@ -265,3 +265,31 @@ def test_the_shim_imports_only_the_standard_library() -> None:
         }
         names -= {"__future__", "linkpack_shim"}
         assert names <= sys.stdlib_module_names, names - sys.stdlib_module_names
+
+
+@pytest.mark.timeout(10)
+def test_under_the_interposer_capped_devices_get_all_of_what_the_process_sees() -> None:
+    """Under the interposer a capped device's fraction becomes 1 (its visible memory is the cap); uncapped devices keep theirs."""
+    from node_agent.shim.linkpack_shim import rebased
+
+    assert rebased((0.25, 0.5), (20480.0, 40960.0)) == (1.0, 1.0)
+    assert rebased((0.25,), (20480.0,)) == (1.0,)  # one value for every device
+    assert rebased((0.25, 0.5), (20480.0, 0.0)) == (1.0, 0.5)
+    assert rebased((0.0, 0.5), (20480.0, 40960.0)) == (0.0, 1.0)
+
+
+@pytest.mark.timeout(10)
+def test_the_interposer_counts_only_when_mapped_and_switched_on(tmp_path: Path, monkeypatch) -> None:
+    """The shim sees the interposer holding memory only when its library is mapped in the process and not switched off."""
+    from node_agent.shim.linkpack_shim import interposer_holds_memory
+
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /opt/linkpack/interposer/liblinkpack_cuda.so\n")
+    monkeypatch.delenv("LINKPACK_INTERPOSER", raising=False)
+    assert interposer_holds_memory(str(maps))
+    monkeypatch.setenv("LINKPACK_INTERPOSER", "off")
+    assert not interposer_holds_memory(str(maps))
+    monkeypatch.delenv("LINKPACK_INTERPOSER")
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/libc.so.6\n")
+    assert not interposer_holds_memory(str(maps))
+    assert not interposer_holds_memory(str(tmp_path / "absent"))

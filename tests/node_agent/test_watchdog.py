@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 import pytest
 
-from contract.allocation import Allocation, encode_allocation
+from contract.allocation import Allocation, Enforcement, encode_allocation
 from contract.keys import ALLOCATION_ANNOTATION
 from node_agent.kube import PodInfo
 from node_agent.sources.nvml_simulated import SimulatedNvml
@@ -173,3 +173,33 @@ def test_unkillable_process_is_a_warning(tmp_path):
     dog = Watchdog(sim, "n1", proc_root=_proc_tree(tmp_path, {800: UID_A}), kill=True, kill_process=refuse)
     report = dog.check(pods)
     assert report.killed == () and any("could not kill process 800" in w for w in report.warnings)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    ("level", "meaning"),
+    [
+        (Enforcement.COOPERATIVE, "expected at this level"),
+        (Enforcement.INTERPOSER, "the CUDA interposer should have refused this"),
+        (Enforcement.HARD_MPS, "MPS should have refused this"),
+    ],
+)
+def test_every_level_is_policed_at_the_records_cap_and_the_violation_names_the_level(
+    tmp_path, level: Enforcement, meaning: str
+) -> None:
+    """Whatever the record's enforcement level, the watchdog polices the record's memory cap and its violation says the level and what an overrun means there."""
+    sim = SimulatedNvml(machine("hgx-h100"))
+    sim.set_process(4, 800, 2100 * MIB)
+    grants = (GpuGrant(4, "GPU-x", False, memory_mib=2048, units=10),)
+    allocation = Allocation(node="n1", grants=grants, enforcement=level)
+    pods = [
+        PodInfo(
+            "ml", "held", UID_A, "7", "n1", "Running",
+            MappingProxyType({ALLOCATION_ANNOTATION: encode_allocation(allocation)}),
+        )
+    ]  # fmt: skip
+    report = Watchdog(sim, "n1", proc_root=_proc_tree(tmp_path, {800: UID_A})).check(pods)
+    (violation,) = report.violations
+    assert violation.limit_bytes == 2048 * MIB and violation.enforcement == level.value
+    assert f"its record's enforcement is {level.value}" in violation.message and meaning in violation.message
+    assert [(u.allocated_bytes, u.used_bytes) for u in report.usage] == [(2048 * MIB, 2100 * MIB)]
