@@ -12,13 +12,15 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 import httpx
 import uvicorn
 
 from demo.cluster import DemoNode, build_cluster
-from demo.real_cluster import RealClusterPods
+from demo.real_cluster import DEMO_SCHEDULER, RealClusterPods
 from demo.report import Outcome, render_report
 from demo.workload import pod_stream
 from extender.__main__ import handlers_for
@@ -81,11 +83,26 @@ def _summarise(reasons: dict[str, str], total: int) -> str:
 
 
 def _real_cluster(
-    config: ExtenderConfig, kubeconfig: str
-) -> tuple[ExtenderService, RealClusterPods, list[DemoNode]]:
+    config: ExtenderConfig, kubeconfig: str, stopping: threading.Event
+) -> tuple[ExtenderService, RealClusterPods, list[DemoNode], Callable[[], None]]:
+    # the demo's pods name a scheduler of their own, so only the demo drives them; its extender
+    # serves that name (the extender refuses pods of any other scheduler)
+    config = replace(config, scheduler_name=DEMO_SCHEDULER)
     api = KubeClusterApi(load_client(kubeconfig), config)
     service = ExtenderService(config, api)
-    threading.Thread(target=api.run_watches, args=(handlers_for(service), lambda: False), daemon=True).start()
+    watches = threading.Thread(
+        target=api.run_watches,
+        args=(handlers_for(service), stopping.is_set),
+        name="demo-watches",
+        daemon=True,
+    )
+    watches.start()
+
+    def stop() -> None:
+        stopping.set()
+        api.close()  # ends the watches' open requests at once
+        watches.join(timeout=2)  # a watch in flight ends by itself within its timeout
+
     deadline = time.monotonic() + 60
     while not service.ready():
         if time.monotonic() > deadline:
@@ -99,7 +116,7 @@ def _real_cluster(
         if record is not None and record.topology.gpus:
             t = record.topology
             nodes.append(DemoNode(name, "(published)", t.gpu_count, t.gpus[0].model, t.sources))
-    return service, RealClusterPods(api.api_client), nodes
+    return service, RealClusterPods(api.api_client), nodes, stop
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
 
     config = ExtenderConfig()
     target: PodTarget
+    stop_watches: Callable[[], None] = lambda: None  # noqa: E731
     if args.kubeconfig:
-        service, target, nodes = _real_cluster(config, args.kubeconfig)
+        service, target, nodes, stop_watches = _real_cluster(config, args.kubeconfig, threading.Event())
     else:
         cluster, nodes = build_cluster(config)
         service = ExtenderService(config, cluster)
@@ -147,18 +165,20 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.perf_counter() - started
     print(render_report(nodes, service, target, outcomes, elapsed))
     print(f"\nExtender: {base}  (metrics: {base}/metrics, debug: {base}/debug/topology)")
-    if args.once:
-        server.should_exit = True
-        thread.join(timeout=5)
-        return 0
-    print("Press Ctrl-C to stop.")
     try:
-        while thread.is_alive():
-            thread.join(timeout=0.5)
-    except KeyboardInterrupt:
+        if args.once:
+            return 0
+        print("Press Ctrl-C to stop.")
+        try:
+            while thread.is_alive():
+                thread.join(timeout=0.5)
+        except KeyboardInterrupt:
+            pass
+        return 0
+    finally:
         server.should_exit = True
         thread.join(timeout=5)
-    return 0
+        stop_watches()
 
 
 if __name__ == "__main__":
