@@ -67,8 +67,12 @@ class ListWatch:
                 self._watch(rv)
                 backoff = 0.5
             except (*_FAILURES, ApiError) as exc:
+                if self._stop():
+                    return  # stopping: the error is the connection being closed under us
                 log.warning("watch of %s interrupted (%s); relisting in %.1fs", self.kind, exc, backoff)
-                time.sleep(backoff)
+                deadline = time.monotonic() + backoff
+                while time.monotonic() < deadline and not self._stop():
+                    time.sleep(0.1)
                 backoff = min(backoff * 2, 10.0)
 
     def _relist(self) -> str:
