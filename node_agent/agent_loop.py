@@ -2,8 +2,10 @@
 
 `Agent` owns the decisions of one node and is driven by `run` (or by `poll` / `handle_event`
 directly in tests). Each poll samples the GPUs, re-checks unhealthy ones, reads the cordon
-annotation (`contract.cordons`), rediscovers now and then, runs the memory watchdog and
-publishes the GpuTopology status (`publisher`), which also carries the heartbeat. Listeners
+annotation (`contract.cordons`), rediscovers now and then, runs the memory watchdog, holds
+GPUs at their pods' power budgets (`power`, with `--set-power-limits`), keeps the node's
+labels (`node_labels`) and publishes the GpuTopology status (`publisher`), which also carries
+the driver and CUDA versions, the power limits and the heartbeat. Listeners
 (the device plugins, see `wiring`) are told the topology and health after every poll and every
 health change. It is built by `wiring` and knows nothing of HTTP or gRPC.
 """
@@ -30,9 +32,12 @@ from node_agent.health import (
 )
 from node_agent.kube import AgentEvent, KubeError, NodeApi
 from node_agent.metrics import AgentMetrics, GpuSample
-from node_agent.mps import mps_active
+from node_agent.mps import ExternalMps, MpsService
+from node_agent.node_labels import LabelFacts, NodeLabeler, node_labels
+from node_agent.power import PowerLimiter, plan_power_limits
 from node_agent.publisher import Publisher, node_status
 from node_agent.sources.discovery import Discovery, DiscoveryError, discover
+from node_agent.sources.node_facts import DriverFacts, PowerReading, read_driver, read_power
 from node_agent.sources.nvml_reader import NvmlError, NvmlReader, XidEvent
 from node_agent.watchdog import Watchdog
 from topology.codec import encode_topology
@@ -85,7 +90,15 @@ class Agent:
         )
         self._discovered_at = clock()
         self._cordon_problems: tuple[str, ...] = ()
+        self.driver: DriverFacts = self._read_driver()
+        self.power: PowerReading = read_power(reader, (g.index for g in self.topology.gpus))
+        self.labeler = NodeLabeler(api, config.node_name) if api is not None and config.node_labels else None
+        self._label_conflicts: tuple[str, ...] = ()
+        self.power_limiter = PowerLimiter(reader) if reader is not None and config.set_power_limits else None
         self._health_listeners: list[HealthListener] = []
+        # MPS and the CUDA interposer as `wiring` sets them up: checked at every poll, published
+        self.mps: MpsService = ExternalMps(config.mps_pipe_dir)
+        self.interposer_ready: Callable[[], bool] = lambda: False
         self.last_loop_at = clock()
         if self.publisher is not None:
             self.publisher.load_existing()
@@ -103,9 +116,13 @@ class Agent:
             self.topology,
             self.tracker.snapshot(),
             self._version,
-            mps_active=mps_active(self.config.mps_pipe_dir),
-            interposer_available=False,  # not delivered into containers yet (container_spec)
+            mps_active=self.mps.active,
+            interposer_available=self.interposer_ready(),
             cordon_problems=self._cordon_problems,
+            driver_version=self.driver.driver_version,
+            cuda_driver_version=self.driver.cuda_driver_version,
+            power=self.power.limits,
+            label_conflicts=self._label_conflicts,
         )
 
     def add_health_listener(self, listener: HealthListener) -> None:
@@ -175,6 +192,10 @@ class Agent:
             self._rediscover()
         self._announce(changes)
         self._police_memory()
+        self.mps.check()  # a supervised daemon found dead is restarted here (with back-off)
+        self._hold_power_limits()
+        self.power = read_power(self.reader, (g.index for g in self.topology.gpus))
+        self._refresh_labels()
         self._publish()
 
     # ------------------------------------------------------------------ steps
@@ -198,6 +219,7 @@ class Agent:
             log.warning("rediscovery lost NVML identity facts, keeping the previous topology")
             return
         self.discovery = fresh
+        self.driver = self._read_driver()
 
     def _sample_gpus(self) -> list[HealthChange]:
         if self.reader is None:
@@ -280,13 +302,51 @@ class Agent:
             log.warning("watchdog: %s", warning)
         for v in report.new_violations:
             log.warning("watchdog: %s", v.message)
-            self.metrics.count_over_limit(v.namespace, v.pod, v.gpu_index)
+            self.metrics.count_over_limit(v.namespace, v.pod, v.gpu_index, v.enforcement)
             self._emit(
                 AgentEvent("GpuMemoryOverShare", v.message, "Pod", v.pod, v.namespace, v.pod_uid, True)
             )
         if report.killed:
             for v in report.violations:
                 self.metrics.count_kill(v.namespace, v.pod, v.gpu_index)
+
+    def _read_driver(self) -> DriverFacts:
+        found = read_driver(self.reader)
+        for problem in found.problems:
+            log.warning("%s", problem)
+        return found
+
+    def _hold_power_limits(self) -> None:
+        """With --set-power-limits: GPUs of pods with a power budget at it, the others at default."""
+        if self.power_limiter is None or self.api is None:
+            return
+        try:
+            pods = self.api.list_node_pods(self.config.node_name)
+        except KubeError as exc:
+            log.warning("cannot list pods for their power budgets, limits left as they are: %s", exc)
+            return
+        now = read_power(self.reader, (g.index for g in self.topology.gpus))
+        plan = plan_power_limits(pods, self.config.node_name, self.topology.gpus, dict(now.limits))
+        self.power_limiter.apply(plan)
+
+    def _refresh_labels(self) -> None:
+        """Keep the node's labels (`node_labels`); conflicts go to the status and a Node event."""
+        if self.labeler is None:
+            return
+        facts = LabelFacts(self.driver.driver_version, self.driver.cuda_driver_version, self.mps.active)
+        outcome = self.labeler.reconcile(node_labels(self.topology, facts))
+        if outcome.error or outcome.plan is None:
+            log.warning("node labels: %s", outcome.error)
+            return
+        if outcome.wrote:
+            log.info("node labels changed: %s", dict(outcome.plan.labels))
+        reports = outcome.plan.reports
+        if reports != self._label_conflicts:
+            self._label_conflicts = reports
+            if reports:
+                message = "; ".join(reports)
+                log.warning("%s", message)
+                self._emit(AgentEvent("LabelConflict", message, "Node", self.config.node_name, warning=True))
 
     def _publish(self) -> None:
         health = self.tracker.snapshot()

@@ -23,9 +23,13 @@ from contract.resources import (
 )
 from node_agent.deviceplugin.paths import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
 from node_agent.health import Severity
+from node_agent.interposer_lib import DEFAULT_INTERPOSER_LIB
+from node_agent.mps import DEFAULT_MPS_CONTROL, DEFAULT_MPS_LOG_DIR, DEFAULT_MPS_PIPE_DIR
+from node_agent.sources.nvml_reader import parse_cuda_version
 
 DEFAULT_METRICS_PORT = 9402
 DEFAULT_SHIM_HOST_DIR = "/var/lib/linkpack/shim"
+DEFAULT_GPU_STATE_DIR = "/var/lib/linkpack/gpu-state"
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,17 @@ class AgentConfig:
     units_per_gpu: int = DEFAULT_UNITS_PER_GPU
     shim_host_dir: str | None = DEFAULT_SHIM_HOST_DIR  # None: shares get no framework shim
     mps_pipe_dir: str | None = None  # the MPS control daemon's pipe directory (`node_agent.mps`)
+    mps_supervise: bool = False  # run and watch the MPS control daemon (`--mps`)
+    mps_control: str = DEFAULT_MPS_CONTROL  # the control binary the supervisor runs
+    mps_log_dir: str = DEFAULT_MPS_LOG_DIR  # CUDA_MPS_LOG_DIRECTORY of the supervised daemon
+    mps_shm_dir: str | None = None  # host dir that is the daemon's /dev/shm, mounted so in clients
+    interposer_lib: str | None = DEFAULT_INTERPOSER_LIB  # the CUDA interposer to install; None: none
+    gpu_state_dir: str | None = DEFAULT_GPU_STATE_DIR  # shared by share containers (interposer priority)
     resources: ResourceNames = field(default_factory=ResourceNames)  # names pods ask for GPUs by
+    node_labels: bool = True  # keep the node's GPU labels (`node_agent.node_labels`)
+    set_power_limits: bool = False  # hold GPUs at their pods' power budgets (`node_agent.power`)
+    simulate_driver: str | None = None  # the simulated driver's version (simulate mode only)
+    simulate_cuda: str | None = None  # the CUDA version the simulated driver runs, MAJOR.MINOR
 
     @property
     def simulated(self) -> bool:
@@ -144,10 +158,42 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
                     "containers given a share (the same path inside the agent's container); '' skips")  # fmt: skip
     dp.add_argument("--mps-pipe-dir", default=None,
                     help="pipe directory of the node's CUDA MPS control daemon; while it exists the "
-                    "node publishes mps.active and shares recorded as MPS get the MPS client limits")  # fmt: skip
+                    "node publishes mps.active and shares recorded as MPS get the MPS client limits "
+                    f"(with --mps: the supervised daemon's, default {DEFAULT_MPS_PIPE_DIR})")  # fmt: skip
+    dp.add_argument("--interposer-lib", default=DEFAULT_INTERPOSER_LIB, metavar="PATH",
+                    help="the CUDA interposer (liblinkpack_cuda.so) to install in the shim's host "
+                    "directory and LD_PRELOAD into shares recorded for it; '' leaves it out")  # fmt: skip
+    dp.add_argument("--gpu-state-dir", default=DEFAULT_GPU_STATE_DIR,
+                    help="host directory shared read-write by the node's share containers, for the "
+                    "interposer's priority between sharers; '' leaves priority out")  # fmt: skip
+    mps = p.add_argument_group("CUDA MPS supervision")
+    mps.add_argument("--mps", action="store_true",
+                     help="run the CUDA MPS control daemon (`nvidia-cuda-mps-control -d`), restart it "
+                     "when it dies and stop it at exit; the GPUs' compute mode is left as it is")  # fmt: skip
+    mps.add_argument("--mps-control", default=DEFAULT_MPS_CONTROL,
+                     help="path of nvidia-cuda-mps-control (default: found on PATH)")  # fmt: skip
+    mps.add_argument("--mps-log-dir", default=DEFAULT_MPS_LOG_DIR,
+                     help="CUDA_MPS_LOG_DIRECTORY of the supervised daemon")  # fmt: skip
+    mps.add_argument("--mps-shm-dir", default=None,
+                     help="host directory the agent's container has as /dev/shm (where the daemon "
+                     "keeps its shared memory), mounted at /dev/shm in MPS share containers")  # fmt: skip
+    p.add_argument("--no-node-labels", action="store_true",
+                   help="do not label the node (nvidia.com/gpu.product, topology.kubernetes.io/nvidia-sxm, "
+                   "linkpack.io/nvlink-clique, ...; see docs/operator-guide.md)")  # fmt: skip
+    p.add_argument("--set-power-limits", action="store_true",
+                   help="hold each GPU granted to a pod with a power budget at that budget and put the "
+                   "default limit back after; needs root, and resets limits set by hand")  # fmt: skip
+    p.add_argument("--simulate-driver", default=None, metavar="VERSION",
+                   help="with --simulate: the simulated driver's version (default 550.54.15)")  # fmt: skip
+    p.add_argument("--simulate-cuda", default=None, metavar="MAJOR.MINOR",
+                   help="with --simulate: the CUDA version the simulated driver runs (default 12.4)")  # fmt: skip
     a = p.parse_args(argv)
     if bad_env:
         p.error(bad_env)
+    if (a.simulate_driver is not None or a.simulate_cuda is not None) and a.simulate is None:
+        p.error("--simulate-driver and --simulate-cuda need --simulate")
+    if a.simulate_cuda is not None and parse_cuda_version(a.simulate_cuda) is None:
+        p.error(f"--simulate-cuda {a.simulate_cuda!r}: expected MAJOR.MINOR, e.g. 12.4")
     node = a.node_name or (_simulated_node_name(a.simulate) if a.simulate else socket.gethostname())
     use_kube = not a.no_kube and not a.print_discovery
     return AgentConfig(
@@ -178,8 +224,18 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         pod_resources_socket=a.pod_resources_socket or None,
         units_per_gpu=a.units_per_gpu,
         shim_host_dir=a.shim_host_dir or None,
-        mps_pipe_dir=a.mps_pipe_dir or None,
+        mps_pipe_dir=a.mps_pipe_dir or (DEFAULT_MPS_PIPE_DIR if a.mps else None),
+        mps_supervise=a.mps,
+        mps_control=a.mps_control,
+        mps_log_dir=a.mps_log_dir,
+        mps_shm_dir=a.mps_shm_dir or None,
+        interposer_lib=a.interposer_lib or None,
+        gpu_state_dir=a.gpu_state_dir or None,
         resources=resources,
+        node_labels=not a.no_node_labels,
+        set_power_limits=a.set_power_limits,
+        simulate_driver=a.simulate_driver,
+        simulate_cuda=a.simulate_cuda,
     )
 
 

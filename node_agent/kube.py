@@ -2,7 +2,7 @@
 API objects into our frozen types. Nothing here imports the `kubernetes` client: the adapter
 over it is `kube_client.KubernetesNodeApi`, and only `wiring` builds one.
 
-`NodeApi` is this node's view (its annotations, its GpuTopology, its pods, events about it); it
+`NodeApi` is this node's view (its labels and annotations, its GpuTopology, its pods, events about it); it
 is not the extender's cluster-wide `ClusterApi`. Objects cross the seam as plain JSON-shaped
 dicts; every client failure becomes `KubeError` (`KubeConflict` for 409, `KubeNotFound` for 404).
 The GpuTopology object and its status are `contract.gpu_topology`'s.
@@ -72,6 +72,15 @@ class PodInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeMetadata:
+    """A Node's labels and annotations, and the resourceVersion they were read at."""
+
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    annotations: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    resource_version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class AgentEvent:
     """A Kubernetes Event about a Node or a Pod."""
 
@@ -91,6 +100,21 @@ class NodeApi(Protocol):
 
     def patch_node_annotations(self, node: str, changes: Mapping[str, str | None]) -> None:
         """Set (value) or remove (None) annotations on the node."""
+        ...
+
+    def get_node_metadata(self, node: str) -> NodeMetadata:
+        """The node's labels and annotations as the API server holds them now."""
+        ...
+
+    def patch_node_labels(
+        self,
+        node: str,
+        labels: Mapping[str, str | None],
+        annotations: Mapping[str, str | None],
+        resource_version: str,
+    ) -> None:
+        """Set (value) or remove (None) labels and annotations of the node in one merge patch;
+        `KubeConflict` if the node's resourceVersion moved on (when one is given)."""
         ...
 
     def get_topology(self, node: str) -> PublishedTopology | None:
@@ -148,6 +172,30 @@ def pod_from_dict(obj: Mapping[str, Any], wanted: Callable[[str], bool]) -> PodI
         scheduled_at=_scheduled_at(status.get("conditions")),
         spec_problem=problem,
     )
+
+
+def node_metadata_from_dict(obj: Mapping[str, Any]) -> NodeMetadata:
+    """A Node given as JSON: its labels, annotations and resourceVersion."""
+    meta = obj.get("metadata") or {}
+    return NodeMetadata(
+        labels=MappingProxyType({str(k): str(v) for k, v in (meta.get("labels") or {}).items()}),
+        annotations=MappingProxyType({str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}),
+        resource_version=str(meta.get("resourceVersion") or ""),
+    )
+
+
+def node_metadata_patch(
+    labels: Mapping[str, str | None], annotations: Mapping[str, str | None], resource_version: str
+) -> dict[str, Any]:
+    """The merge patch that changes these labels and annotations (None removes one)."""
+    metadata: dict[str, Any] = {}
+    if labels:
+        metadata["labels"] = dict(labels)
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    if resource_version:
+        metadata["resourceVersion"] = resource_version
+    return {"metadata": metadata}
 
 
 def event_body(event: AgentEvent, reporting_node: str, now: dt.datetime) -> dict[str, Any]:

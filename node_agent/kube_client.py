@@ -29,8 +29,11 @@ from node_agent.kube import (
     KubeConflict,
     KubeError,
     KubeNotFound,
+    NodeMetadata,
     PodInfo,
     event_body,
+    node_metadata_from_dict,
+    node_metadata_patch,
     pod_from_dict,
 )
 from topology.model import NodeTopology
@@ -73,6 +76,21 @@ class KubernetesNodeApi:
     def patch_node_annotations(self, node: str, changes: Mapping[str, str | None]) -> None:
         body = {"metadata": {"annotations": dict(changes)}}
         self._guard(f"patch node {node}", self._core.patch_node, node, body, _content_type=MERGE_PATCH)
+
+    def get_node_metadata(self, node: str) -> NodeMetadata:
+        return node_metadata_from_dict(
+            self._plain(self._guard(f"get node {node}", self._core.read_node, node))
+        )
+
+    def patch_node_labels(
+        self,
+        node: str,
+        labels: Mapping[str, str | None],
+        annotations: Mapping[str, str | None],
+        resource_version: str,
+    ) -> None:
+        body = node_metadata_patch(labels, annotations, resource_version)
+        self._guard(f"patch node {node} labels", self._core.patch_node, node, body, _content_type=MERGE_PATCH)
 
     def get_topology(self, node: str) -> PublishedTopology | None:
         obj = self._topology_object(node)

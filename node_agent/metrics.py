@@ -46,6 +46,8 @@ class DevicePluginStats:
     refusals: int = 0
     id_mismatches: int = 0  # the kubelet passed other devices than the record's
     enforcement_disagreements: int = 0  # the node could not apply the record's enforcement
+    fallbacks: tuple[tuple[str, int], ...] = ()  # of those, (the record's level, count)
+    applied: tuple[tuple[str, int], ...] = ()  # handouts by the enforcement level applied
     swaps: int = 0
     unresolved: int = 0
     adopted: int = 0
@@ -79,6 +81,24 @@ class _DevicePluginCollector(Collector):
         mismatches.add_metric(["device_ids"], c.id_mismatches)
         mismatches.add_metric(["enforcement"], c.enforcement_disagreements)
         yield mismatches
+        fallbacks = CounterMetricFamily(
+            "linkpack_agent_enforcement_fallbacks",
+            "Share handouts held cooperatively because the node could not apply the record's level "
+            "(MPS not serving, the CUDA interposer not installed), by the record's level",
+            labels=["recorded"],
+        )
+        for recorded, count in c.fallbacks:
+            fallbacks.add_metric([recorded], count)
+        yield fallbacks
+        applied = CounterMetricFamily(
+            "linkpack_agent_allocations_by_enforcement",
+            "Containers handed GPUs, by the enforcement level applied (none, mig, cooperative, "
+            "interposer, hard-mps)",
+            labels=["enforcement"],
+        )
+        for level, count in c.applied:
+            applied.add_metric([level], count)
+        yield applied
         for name, help_text, value in (
             ("linkpack_agent_allocation_swaps", "Records swapped to match the kubelet's account", c.swaps),
             (
@@ -130,8 +150,9 @@ class AgentMetrics:
         )
         self.over_limit = Counter(
             "linkpack_pod_gpu_memory_over_limit",
-            "Times a pod was found above its GPU memory share",
-            pod,
+            "Times a pod was found above its GPU memory share, by the enforcement level of its record "
+            "(expected under cooperative; under interposer, hard-mps or mig a bug to report)",
+            (*pod, "enforcement"),
             registry=r,
         )
         self.kills = Counter(
@@ -170,8 +191,8 @@ class AgentMetrics:
             self.pod_allocated.labels(*labels).set(u.allocated_bytes)
             self.pod_used.labels(*labels).set(u.used_bytes)
 
-    def count_over_limit(self, namespace: str, pod: str, gpu_index: int) -> None:
-        self.over_limit.labels(namespace, pod, str(gpu_index)).inc()
+    def count_over_limit(self, namespace: str, pod: str, gpu_index: int, enforcement: str = "") -> None:
+        self.over_limit.labels(namespace, pod, str(gpu_index), enforcement).inc()
 
     def count_kill(self, namespace: str, pod: str, gpu_index: int) -> None:
         self.kills.labels(namespace, pod, str(gpu_index)).inc()

@@ -95,6 +95,8 @@ class DevicePluginSettings:
     sharing: SharingConfig = field(default_factory=SharingConfig)
     units_per_gpu: int = DEFAULT_UNITS_PER_GPU
     resources: ResourceNames = field(default_factory=ResourceNames)
+    #: whether MPS serves the node now, asked at each share handout (None: the pipe directory exists)
+    mps_ready: Callable[[], bool] | None = None
 
 
 class DevicePluginHost:
@@ -161,6 +163,8 @@ class DevicePluginHost:
                 refusals=c.refusals,
                 id_mismatches=c.id_mismatches,
                 enforcement_disagreements=c.enforcement_disagreements,
+                fallbacks=tuple(sorted(c.fallbacks.items())),
+                applied=tuple(sorted(c.applied.items())),
                 swaps=c.swaps,
                 unresolved=c.unresolved,
                 adopted=c.adopted,
@@ -199,7 +203,13 @@ class DevicePluginHost:
         if not plugin_dir.is_dir():
             log.error("device plugins not started: %s is not a directory (is a kubelet here?)", plugin_dir)
             return False
-        broker = AllocationBroker(inventory, self._store, self.settings.sharing, clock=self._clock)
+        broker = AllocationBroker(
+            inventory,
+            self._store,
+            self.settings.sharing,
+            clock=self._clock,
+            mps_ready=self.settings.mps_ready,
+        )
         broker.counters = self._counters
         try:
             self._plugins = start_device_plugins(broker, self.settings.plugin, self._health)

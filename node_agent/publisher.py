@@ -5,8 +5,8 @@ the agent's view, `plan_publish` decides (pure) and `Publisher` carries the plan
 `NodeApi`, remembering what the API server holds. Rules:
 - the spec (topology codec) is written only when its content hash differs from the last one
   written (or found on the object at start-up, so restarts do not rewrite it);
-- the status is written when it changed (GPU health, cordon problems, MPS: promptly, on the
-  next tick), when the spec was just written, or when `heartbeat_interval_s` passed since the
+- the status is written when it changed (GPU health, cordon problems, MPS, power limits,
+  label conflicts: promptly, on the next tick), when the spec was just written, or when `heartbeat_interval_s` passed since the
   last status write;
 - a failed write changes nothing remembered, so the next tick tries again.
 """
@@ -18,9 +18,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from contract.gpu_topology import GpuHealthEntry, TopologyStatus
+from contract.gpu_topology import GpuHealthEntry, GpuPower, TopologyStatus
 from node_agent.health import GpuHealth
 from node_agent.kube import KubeError, NodeApi, rfc3339
+from node_agent.sources.nvml_reader import PowerLimits
 from topology.codec import content_hash
 from topology.model import NodeTopology
 
@@ -80,15 +81,24 @@ def node_status(
     mps_active: bool = False,
     interposer_available: bool = False,
     cordon_problems: Sequence[str] = (),
+    driver_version: str = "",
+    cuda_driver_version: str = "",
+    power: Sequence[tuple[int, PowerLimits]] = (),
+    label_conflicts: Sequence[str] = (),
 ) -> TopologyStatus:
-    """The status this node publishes (without its heartbeat)."""
+    """The status this node publishes (without its heartbeat). `power`: each GPU's limits by
+    index, for the GPUs whose limits are known."""
     return TopologyStatus(
         gpu_health=health_entries(health),
         gpu_count=topology.gpu_count,
         agent_version=agent_version,
         mps_active=mps_active,
         interposer_available=interposer_available,
+        driver_version=driver_version,
+        cuda_driver_version=cuda_driver_version,
+        gpu_power=tuple(GpuPower(i, p.limit_w, p.min_w, p.max_w) for i, p in power),
         cordon_problems=tuple(cordon_problems),
+        label_conflicts=tuple(label_conflicts),
     )
 
 

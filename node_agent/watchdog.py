@@ -7,9 +7,14 @@ Per-process memory comes from NVML; a PID is mapped to its pod through `/proc/<p
 - cgroupfs driver: `/kubepods/burstable/pod1b2c3d4e-.../<container id>`;
   guaranteed pods have no QoS level (`kubepods-pod<uid>.slice`, `/kubepods/pod<uid>/`).
 
-A pod's share on a GPU is the memory grant in its `linkpack.io/allocation` annotation; whole
-GPUs and MIG instances have no memory share to police. `assess` is pure; `Watchdog` fetches,
-reports each violation once per episode and, when configured, kills the offending processes.
+A pod's share on a GPU is the memory grant in its `linkpack.io/allocation` annotation, whatever
+the record's enforcement level; whole GPUs and MIG instances have no memory share to police.
+Each violation carries the record's level, so its event and metric tell an expected overrun (a
+`cooperative` share: the framework shim's caps can be lifted) from a bug (an `interposer` or
+`hard-mps` share should have been refused the memory). A share the device plugin had to hold
+more weakly than its record (`linkpack_agent_enforcement_fallbacks`) is still named by its
+record's level. `assess` is pure; `Watchdog` fetches, reports each violation once per episode
+and, when configured, kills the offending processes.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from contract.allocation import AllocationError, decode_allocation
+from contract.allocation import AllocationError, Enforcement, decode_allocation
 from contract.keys import ALLOCATION_ANNOTATION
 from node_agent.kube import PodInfo
 from node_agent.metrics import PodGpuMemory
@@ -70,6 +75,17 @@ class Share:
     pod: str
     gpu_index: int
     limit_bytes: int | None
+    enforcement: str = ""  # the level the allocation record says (contract.allocation.Enforcement)
+
+
+#: what an overrun means at each level of a share's record
+_OVERRUN_MEANING = {
+    Enforcement.COOPERATIVE.value: "expected at this level: the framework caps can be lifted",
+    Enforcement.INTERPOSER.value: "the CUDA interposer should have refused this; it counts allocations "
+    "only, so a few hundred MiB over is the driver's own memory (see --watchdog-tolerance-mib), more is a bug",
+    Enforcement.HARD_MPS.value: "MPS should have refused this; a few hundred MiB over is the driver's own "
+    "memory (see --watchdog-tolerance-mib), more means the MPS limits did not apply",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,13 +97,18 @@ class Violation:
     used_bytes: int
     limit_bytes: int
     pids: tuple[int, ...]
+    enforcement: str = ""  # the level of the pod's allocation record
 
     @property
     def message(self) -> str:
-        return (
+        text = (
             f"pod {self.namespace}/{self.pod} uses {self.used_bytes // _MIB} MiB on GPU {self.gpu_index}, "
             f"above its share of {self.limit_bytes // _MIB} MiB (processes {', '.join(map(str, self.pids))})"
         )
+        if self.enforcement:
+            meaning = _OVERRUN_MEANING.get(self.enforcement, "")
+            text += f"; its record's enforcement is {self.enforcement}" + (f" ({meaning})" if meaning else "")
+        return text
 
 
 @dataclass(frozen=True)
@@ -120,7 +141,9 @@ def shares_from_pods(pods: Sequence[PodInfo], node: str) -> tuple[tuple[Share, .
         for grant in allocation.grants:
             policed = not grant.whole and not grant.mig_uuid and grant.memory_mib > 0
             limit = grant.memory_mib * _MIB if policed else None
-            shares.append(Share(pod.uid, pod.namespace, pod.name, grant.index, limit))
+            shares.append(
+                Share(pod.uid, pod.namespace, pod.name, grant.index, limit, allocation.enforcement.value)
+            )
     return tuple(shares), tuple(warnings)
 
 
@@ -152,6 +175,7 @@ def assess(
                     in_use,
                     s.limit_bytes,
                     tuple(sorted(pids[key])),
+                    s.enforcement,
                 )
             )
     return WatchdogReport(tuple(usage), tuple(violations))

@@ -23,9 +23,11 @@ from node_agent.agent_loop import Agent
 from node_agent.config import AgentConfig, parse_args
 from node_agent.deviceplugin.container_spec import SharingConfig
 from node_agent.deviceplugin.server import PluginConfig
+from node_agent.interposer_lib import interposer_installed, prepare_gpu_state_dir, prepare_interposer
 from node_agent.kube import KubeError, NodeApi
 from node_agent.kube_client import KubernetesNodeApi
 from node_agent.metrics import AgentMetrics
+from node_agent.mps import MpsSettings, MpsSupervisor
 from node_agent.plugin_host import DevicePluginHost, DevicePluginSettings, prepare_shim
 from node_agent.pod_records import KubePodRecords
 from node_agent.sources.discovery import DiscoveryError
@@ -35,15 +37,40 @@ from topology.catalog import CatalogError
 log = logging.getLogger("node_agent")
 
 
-def device_plugin_settings(config: AgentConfig, shim_dir: str | None) -> DevicePluginSettings:
+def device_plugin_settings(
+    config: AgentConfig,
+    shim_dir: str | None,
+    interposer_dir: str | None = None,
+    gpu_state_dir: str | None = None,
+    mps_ready: Callable[[], bool] | None = None,
+) -> DevicePluginSettings:
     return DevicePluginSettings(
         plugin=PluginConfig(
             plugin_dir=config.device_plugin_dir, pod_resources_socket=config.pod_resources_socket
         ),
-        sharing=SharingConfig(shim_host_dir=shim_dir, mps_pipe_dir=config.mps_pipe_dir),
+        sharing=SharingConfig(
+            shim_host_dir=shim_dir,
+            mps_pipe_dir=config.mps_pipe_dir,
+            interposer_host_dir=interposer_dir,
+            gpu_state_dir=gpu_state_dir,
+            mps_shm_dir=config.mps_shm_dir,
+        ),
         units_per_gpu=config.units_per_gpu,
         resources=config.resources,
+        mps_ready=mps_ready,
     )
+
+
+def start_mps(config: AgentConfig) -> MpsSupervisor | None:
+    """With `--mps`, start the MPS control daemon and return its supervisor (also when the first
+    start failed: the agent's polls retry it with back-off); None without `--mps`."""
+    if not config.mps_supervise or config.mps_pipe_dir is None:
+        return None
+    supervisor = MpsSupervisor(
+        MpsSettings(control=config.mps_control, pipe_dir=config.mps_pipe_dir, log_dir=config.mps_log_dir)
+    )
+    supervisor.start()
+    return supervisor
 
 
 def start_device_plugins(config: AgentConfig, agent: Agent, api: NodeApi | None) -> Callable[[], None] | None:
@@ -52,7 +79,10 @@ def start_device_plugins(config: AgentConfig, agent: Agent, api: NodeApi | None)
     Called once after the first discovery and publish. They serve the devices of
     `agent.topology`, hand out what the pods' allocation records say (read and written back
     through `KubePodRecords`), advertise unhealthy or cordoned GPUs as Unhealthy after every
-    poll, and export their counters on the agent's metrics. Returns the function that stops
+    poll, and export their counters on the agent's metrics. The framework shim and the CUDA
+    interposer are installed in the shim's host directory first; once the plugins serve, the
+    node publishes `interposer.available` for as long as the installed library is there. Returns
+    the function that stops
     them, or None when they are off: `--no-device-plugin`, or no cluster (`--no-kube`; without
     the API there are no allocation records, so every request would be refused), or they could
     not start (logged; the agent keeps publishing and watching health).
@@ -66,12 +96,19 @@ def start_device_plugins(config: AgentConfig, agent: Agent, api: NodeApi | None)
     if not Path(config.device_plugin_dir).is_dir():  # checked first: no shim is installed then
         log.error("device plugins off: %s is not a directory (is a kubelet here?)", config.device_plugin_dir)
         return None
+    shim_dir = prepare_shim(config.shim_host_dir)
+    interposer_dir = prepare_interposer(config.interposer_lib, shim_dir)
+    state_dir = prepare_gpu_state_dir(config.gpu_state_dir) if interposer_dir is not None else None
     host = DevicePluginHost(
-        device_plugin_settings(config, prepare_shim(config.shim_host_dir)),
+        device_plugin_settings(
+            config, shim_dir, interposer_dir, state_dir, mps_ready=lambda: agent.mps.active
+        ),
         KubePodRecords(api, config.node_name),
     )
     if not host.start(agent.topology, agent.health()):
         return None
+    if interposer_dir is not None:
+        agent.interposer_ready = lambda: interposer_installed(interposer_dir)
     agent.metrics.watch_device_plugins(host.stats)
     agent.add_health_listener(host.update)
     return host.stop
@@ -88,7 +125,12 @@ def run(config: AgentConfig) -> int:
     api: NodeApi | None = None
     try:
         sources = open_sources(
-            config.simulate, config.node_name, use_smi=config.use_smi, nvidia_smi=config.nvidia_smi
+            config.simulate,
+            config.node_name,
+            use_smi=config.use_smi,
+            nvidia_smi=config.nvidia_smi,
+            simulate_driver=config.simulate_driver,
+            simulate_cuda=config.simulate_cuda,
         )
         if config.use_kube:
             api = KubernetesNodeApi.from_config(config.node_name, config.kubeconfig, config.resources)
@@ -107,6 +149,9 @@ def run(config: AgentConfig) -> int:
         if config.metrics_port
         else None
     )
+    mps = start_mps(config)
+    if mps is not None:
+        agent.mps = mps
     agent.poll()
     stop_plugins = start_device_plugins(config, agent, api)
     log.info("agent running on node %s with %d GPUs", config.node_name, agent.topology.gpu_count)
@@ -116,6 +161,8 @@ def run(config: AgentConfig) -> int:
         log.info("agent stopping")
         if stop_plugins is not None:
             stop_plugins()
+        if mps is not None:
+            mps.stop()
         if server is not None:
             server.shutdown()
             server.server_close()

@@ -3,8 +3,10 @@
 `AllocationBroker` holds the allocator state under one lock; every decision is made by the pure
 functions in `allocator`, `records`, `reconcile` and `container_spec`. Write-backs onto the pods
 (`PodRecordStore`) happen outside the lock and are retried on the next `reconcile()` when they
-fail. A container gets the enforcement its record says; when this node cannot apply it (MPS
-without a pipe directory) it is logged and counted in `enforcement_disagreements`.
+fail. A container gets the enforcement and compute priority its record says; when this node
+cannot apply the level now (MPS not serving, the interposer library missing) the share is held
+cooperatively, which is logged and counted in `enforcement_disagreements` and, by the record's
+level, in `fallbacks`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from contract.allocation import Allocation, Consumption
@@ -34,6 +36,7 @@ from node_agent.deviceplugin.inventory import Inventory
 from node_agent.deviceplugin.reconcile import KubeletAssignment, Reconciliation, Rewrite, reconcile
 from node_agent.deviceplugin.record_store import BoundPod, PodRecordStore, RecordStoreError
 from node_agent.deviceplugin.records import PodRecord, RecordProblem, read_records
+from node_agent.interposer_lib import interposer_installed
 from node_agent.mps import mps_active
 
 log = logging.getLogger("linkpack.deviceplugin")
@@ -49,6 +52,8 @@ class BrokerCounters:
     refusals: int = 0
     id_mismatches: int = 0  # the kubelet passed other devices than the record's
     enforcement_disagreements: int = 0  # the node could not apply the record's enforcement
+    fallbacks: dict[str, int] = field(default_factory=dict)  # of those, by the record's level
+    applied: dict[str, int] = field(default_factory=dict)  # handouts by the level applied
     swaps: int = 0
     unresolved: int = 0  # distinct cases the kubelet's account could not be squared with
     adopted: int = 0
@@ -64,9 +69,13 @@ class AllocationBroker:
         *,
         clock: Callable[[], float] = time.time,
         departure_grace_s: float = 60.0,
+        mps_ready: Callable[[], bool] | None = None,
     ) -> None:
+        """`mps_ready`: whether MPS serves this node now, asked at each share handout (default: the
+        configured pipe directory exists, `node_agent.mps`)."""
         self.inventory = inventory
         self.sharing = sharing or SharingConfig()
+        self._mps_ready = mps_ready or (lambda: mps_active(self.sharing.mps_pipe_dir))
         self.counters = BrokerCounters()
         self._store = store
         self._clock = clock
@@ -130,9 +139,13 @@ class AllocationBroker:
                 self.inventory,
                 self.sharing,
                 record.allocation.enforcement,
-                mps_ready=mps_active(self.sharing.mps_pipe_dir),
+                mps_ready=self._mps_ready(),
+                interposer_ready=interposer_installed(self.sharing.interposer_host_dir),
+                priority=record.allocation.priority,
             )
             self.counters.allocations += 1
+            applied = self.counters.applied
+            applied[spec.enforcement.value] = applied.get(spec.enforcement.value, 0) + 1
             self._report_disagreements(record, spec, handout.ids_agree, list(device_ids), slot.container)
         self._flush()
         return spec
@@ -200,7 +213,14 @@ class AllocationBroker:
             )
         if spec.fallback:
             self.counters.enforcement_disagreements += 1
-            log.warning("%s container %s: %s", record.ref, container, spec.fallback)
+            recorded = record.allocation.enforcement.value
+            self.counters.fallbacks[recorded] = self.counters.fallbacks.get(recorded, 0) + 1
+            log.warning(
+                "%s container %s gets weaker enforcement than its record: %s",
+                record.ref,
+                container,
+                spec.fallback,
+            )
 
     def _flush(self) -> None:
         """Write back rewritten records, then consumed annotations (outside the state lock). A

@@ -22,7 +22,14 @@ frameworks the program uses, only once they are imported:
   GPUs that call is refused; then only growth-on-demand applies (reported on stderr).
 
 The caps are cooperative: a process may lift them, and each process gets the whole share
-(N processes may use N times it). Stronger enforcement is MPS or MIG.
+(N processes may use N times it). Stronger enforcement is the CUDA interposer, MPS or MIG.
+
+Under the CUDA interposer (node_agent/interposer, `LD_PRELOAD`ed into the same process) the
+frameworks see the cap as each capped device's whole memory (`cuMemGetInfo`,
+`cuDeviceTotalMem`), so a fraction of the physical GPU would shrink the share a second time:
+while the interposer is loaded and on, the fraction of every capped device is 1 (all of what the
+process sees); TensorFlow's limit is in MiB and stays. Without the interposer in the process
+(switched off, or `LD_PRELOAD` replaced by the pod) the fractions apply as given.
 
 It never raises into the user's program: failures are reported once on stderr. It imports
 nothing from the Linkpack project (it runs inside user containers) and only the standard
@@ -44,6 +51,8 @@ from typing import Any
 
 ENV_FRACTION = "LINKPACK_MEMORY_FRACTION"
 ENV_LIMIT_MIB = "LINKPACK_MEMORY_LIMIT_MIB"
+INTERPOSER_LIBRARY = "liblinkpack_cuda.so"
+_OFF = {"off", "0", "false", "no", "disabled"}  # LINKPACK_INTERPOSER values that switch it off
 
 #: what was applied, by framework, for tests and for a look from inside the container
 applied: dict[str, Any] = {}
@@ -199,12 +208,36 @@ def limit_jax_environment(fractions: Sequence[float]) -> None:
     applied["jax"] = {n: os.environ[n] for n in names or ["XLA_PYTHON_CLIENT_MEM_FRACTION"]}
 
 
+def interposer_holds_memory(maps: str = "/proc/self/maps") -> bool:
+    """The CUDA interposer is loaded in this process and switched on."""
+    if os.environ.get("LINKPACK_INTERPOSER", "").strip().lower() in _OFF:
+        return False
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as f:
+            return any(INTERPOSER_LIBRARY in line for line in f)
+    except OSError:
+        return False
+
+
+def rebased(fractions: Sequence[float], limits_mib: Sequence[float]) -> tuple[float, ...]:
+    """The fractions as the frameworks must see them under the interposer: 1 for every device the
+    interposer caps (its whole visible memory is the cap), the given fraction elsewhere."""
+    count = 1 if len(fractions) <= 1 and len(limits_mib) <= 1 else max(len(fractions), len(limits_mib))
+    return tuple(
+        1.0 if value_for(limits_mib, d) > 0 and value_for(fractions, d) > 0 else value_for(fractions, d)
+        for d in range(count)
+    )
+
+
 def activate() -> None:
     """Apply the share from the environment to every framework, now or when it is imported."""
     fractions = per_device(os.environ.get(ENV_FRACTION), float)
     limits_mib = per_device(os.environ.get(ENV_LIMIT_MIB), float)
     if not any(fractions) and not any(limits_mib):
         return
+    if any(limits_mib) and interposer_holds_memory():
+        fractions = rebased(fractions, limits_mib)
+        applied["interposer"] = True
     if any(fractions):
         limit_jax_environment(fractions)
     if any(limits_mib):

@@ -10,7 +10,7 @@ Binding quirks handled here:
 - `NVML_NVLINK_MAX_LINKS` follows the header of the binding, not the GPU; every link number
   up to it is tried and per-link errors mean "no such link".
 
-It is a little over 400 lines on purpose: it is the one adapter class for every `NvmlReader`
+It is a little over 450 lines on purpose: it is the one adapter class for every `NvmlReader`
 method, and keeping them beside `_call` / `_optional` keeps the error rule in one place.
 """
 
@@ -38,10 +38,12 @@ from node_agent.sources.nvml_reader import (
     NvmlUnavailable,
     P2PCapability,
     P2PStatus,
+    PowerLimits,
     RemoteDeviceType,
     Utilization,
     XidEvent,
     cpulist_from_mask_words,
+    cuda_version_text,
     lowest_set_bit,
 )
 from topology.model import LinkKind, MigDevice, MigMode
@@ -49,11 +51,14 @@ from topology.model import LinkKind, MigDevice, MigMode
 # NVML return codes (nvml.h); stable across driver versions.
 _ERROR_NOT_SUPPORTED = 3
 _ERROR_INVALID_ARGUMENT = 2
+_ERROR_NO_PERMISSION = 4
 _ERROR_NOT_FOUND = 6
 _ERROR_TIMEOUT = 10
 _ERROR_FUNCTION_NOT_FOUND = 13
 _ERROR_GPU_IS_LOST = 15
 _UNSUPPORTED_CODES = frozenset({_ERROR_NOT_SUPPORTED, _ERROR_FUNCTION_NOT_FOUND})
+#: Driver facts and power limits are also "unknown" when the agent may not read them.
+_UNKNOWN_FACT_CODES = _UNSUPPORTED_CODES | {_ERROR_NO_PERMISSION}
 
 # Event bits and other values from nvml.h.
 _EVENT_SINGLE_BIT_ECC = 0x1
@@ -129,6 +134,35 @@ class PynvmlReader:
 
     def driver_version(self) -> str:
         return _text(self._call("nvmlSystemGetDriverVersion"))
+
+    def cuda_driver_version(self) -> str:
+        # _v2 first (the current name), then the original for bindings and drivers without it.
+        for call in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"):
+            code = self._known(call)
+            if code is not None:
+                return cuda_version_text(int(code))
+        return ""
+
+    def power_limits(self, index: int) -> PowerLimits:
+        h = self._handle(index)
+        limit = self._known("nvmlDeviceGetPowerManagementLimit", h, gpu=index)
+        if limit is None:
+            return PowerLimits()
+        bounds = self._known("nvmlDeviceGetPowerManagementLimitConstraints", h, gpu=index)
+        default = self._known("nvmlDeviceGetPowerManagementDefaultLimit", h, gpu=index)
+        low, high = (int(bounds[0]), int(bounds[1])) if bounds is not None else (0, 0)
+        return PowerLimits(
+            limit_w=_watts(int(limit)),
+            min_w=-(-low // 1000),  # the range rounded inwards, so any whole watt in it is settable
+            max_w=high // 1000,
+            default_w=_watts(int(default)) if default is not None else 0,
+        )
+
+    def set_power_limit(self, index: int, watts: int) -> None:
+        h = self._handle(index)
+        if watts <= 0:
+            raise NvmlReadError("nvmlDeviceSetPowerManagementLimit", f"{watts} W is not a limit", gpu=index)
+        self._call("nvmlDeviceSetPowerManagementLimit", h, watts * 1000, gpu=index)
 
     def device_count(self) -> int:
         return len(self._handles)
@@ -314,6 +348,15 @@ class PynvmlReader:
                 return None
             raise _read_error(self._nvml, call, exc, gpu) from exc
 
+    def _known(self, call: str, *args: Any, gpu: int | None = None) -> Any:
+        """Like `_optional`, and None too when the agent lacks the permission to ask."""
+        try:
+            return getattr(self._nvml, call)(*args)
+        except Exception as exc:
+            if _code(self._nvml, exc) in _UNKNOWN_FACT_CODES or isinstance(exc, AttributeError):
+                return None
+            raise _read_error(self._nvml, call, exc, gpu) from exc
+
     def _mig_device(self, mig: Any, parent: int) -> MigDevice:
         name = _text(self._call("nvmlDeviceGetName", mig, gpu=parent))
         memory = self._call("nvmlDeviceGetMemoryInfo", mig, gpu=parent)
@@ -413,6 +456,11 @@ def _text(value: object) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return str(value)
+
+
+def _watts(milliwatts: int) -> int:
+    """Milliwatts as whole watts, to the nearest."""
+    return (milliwatts + 500) // 1000
 
 
 def _instance_id(value: object) -> int | None:

@@ -7,19 +7,24 @@ handles or NVML exceptions: callers see GPU indices, the dataclasses below and `
 
 Conventions every implementation keeps:
 - a fact the device does not support is returned as its "unsupported" value (None, an empty
-  tuple, `MigMode.UNSUPPORTED`, `EccCounts()`), never raised;
+  tuple, `MigMode.UNSUPPORTED`, `EccCounts()`), never raised; the driver facts and power limits
+  (`cuda_driver_version`, `power_limits`) are also "unknown" ("" / `PowerLimits()`) when the
+  agent has no permission to read them;
 - any other failure raises `NvmlReadError` naming the call and the GPU;
 - a library or driver that cannot be loaded at all raises `NvmlUnavailable` when opening.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from typing import Protocol
 
 from topology.model import LinkKind, MigDevice, MigMode
+
+_CUDA_VERSION_RE = re.compile(r"([0-9]{1,4})\.([0-9]{1,4})")
 
 
 class NvmlError(Exception):
@@ -203,6 +208,23 @@ class XidEvent:
     compute_instance_id: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PowerLimits:
+    """A GPU's power limit now, the range it may be set within and its default, in whole watts.
+
+    0 means NVML could not tell (the GPU does not support power management, or the agent may
+    not ask); `known` says whether the limit itself was read."""
+
+    limit_w: int = 0
+    min_w: int = 0
+    max_w: int = 0
+    default_w: int = 0
+
+    @property
+    def known(self) -> bool:
+        return self.limit_w > 0
+
+
 class NvmlReader(Protocol):
     """Read-only view of NVML by GPU index. See the module docstring for the error rules."""
 
@@ -212,6 +234,18 @@ class NvmlReader(Protocol):
         ...
 
     def driver_version(self) -> str: ...
+
+    def cuda_driver_version(self) -> str:
+        """The highest CUDA version the driver runs, "MAJOR.MINOR" (e.g. "12.4"); "" when unknown."""
+        ...
+
+    def power_limits(self, index: int) -> PowerLimits:
+        """The GPU's power limit and range; `PowerLimits()` when NVML cannot tell."""
+        ...
+
+    def set_power_limit(self, index: int, watts: int) -> None:
+        """Set the GPU's power limit (needs root); `NvmlReadError` when NVML refuses."""
+        ...
 
     def device_count(self) -> int: ...
 
@@ -274,6 +308,19 @@ def lowest_set_bit(words: Sequence[int], bits_per_word: int = 64) -> int | None:
         if word:
             return w * bits_per_word + ((word & -word).bit_length() - 1)
     return None
+
+
+def cuda_version_text(code: int) -> str:
+    """NVML's CUDA version number as "MAJOR.MINOR" (12040 -> "12.4"); "" for none (0 or less)."""
+    if code <= 0:
+        return ""
+    return f"{code // 1000}.{code % 1000 // 10}"
+
+
+def parse_cuda_version(text: str) -> tuple[int, int] | None:
+    """ "MAJOR.MINOR" as numbers; None unless it is exactly two whole numbers."""
+    match = _CUDA_VERSION_RE.fullmatch(text.strip())
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def normalize_bus_id(bus_id: str) -> str:

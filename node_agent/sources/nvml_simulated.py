@@ -9,6 +9,12 @@ What a real machine of that shape would say:
 - Everything is deterministic: UUIDs derive from the node name and index, bus ids from the
   index, and nothing depends on wall time.
 
+- The driver is "550.54.15" running CUDA "12.4" unless told otherwise (`driver`,
+  `cuda_version`; the agent's `--simulate-driver` / `--simulate-cuda`). Power limits follow the
+  GPU model (`SIMULATED_POWER`: e.g. A100 SXM 400 W settable within 100-400 W, H100 SXM 700 W);
+  `set_power_limit` changes the limit within that range and records every call in
+  `power_limit_calls`; with `power_settable` off it is refused as without root.
+
 Faults for the health and watchdog paths: `inject_xid`, `inject_ecc_event`, `set_ecc`,
 `set_nvlink_active`, `set_gpu_lost`, processes with memory, `clear_faults`. `apply_fault`
 takes the same commands as JSON (the agent's POST /debug/inject in simulate mode).
@@ -35,6 +41,7 @@ from node_agent.sources.nvml_reader import (
     NvmlReadError,
     P2PCapability,
     P2PStatus,
+    PowerLimits,
     RemoteDeviceType,
     Utilization,
     XidEvent,
@@ -48,6 +55,44 @@ _MIB = 1024 * 1024
 _UUID_NAMESPACE = uuidlib.UUID("6c1e2d4a-5b7f-4c3e-9a1d-2f8b0e6c7d5a")
 _XID_GPU_LOST = 79
 _PCIE_P2P_LEVELS = frozenset({LinkKind.INTERNAL, LinkKind.PIX, LinkKind.PXB, LinkKind.PHB, LinkKind.NODE})
+DEFAULT_SIMULATED_DRIVER = "550.54.15"
+DEFAULT_SIMULATED_CUDA = "12.4"
+
+#: (model name fragment, default = maximum limit W, minimum limit W), first match wins; the
+#: figures are the parts' board power and the range `nvidia-smi -q -d POWER` shows for them.
+SIMULATED_POWER: tuple[tuple[str, int, int], ...] = (
+    ("A100-SXM", 400, 100),
+    ("A100", 250, 150),  # PCIe
+    ("H100 PCIE", 350, 200),
+    ("H100", 700, 200),  # SXM5 ("H100 80GB HBM3")
+    ("H800", 700, 200),
+    ("H200", 700, 200),
+    ("H20", 400, 200),
+    ("B300", 1100, 200),
+    ("V100-SXM3", 350, 100),
+    ("V100-SXM2", 300, 100),
+    ("V100-PCIE", 250, 100),
+    ("V100", 300, 100),
+    ("P100-SXM2", 300, 150),
+    ("K40", 235, 180),
+    ("A30", 165, 100),
+    ("RTX A6000", 300, 100),
+    ("RTX 3090", 350, 100),
+    ("RTX 4090", 450, 150),
+    ("RTX 5090", 575, 400),
+    ("RTX PRO 6000", 600, 150),
+)
+#: A GPU of a model not in the table.
+SIMULATED_POWER_OTHER = (300, 100)
+
+
+def simulated_power(model: str) -> PowerLimits:
+    """The power limits a simulated GPU of `model` starts with (at its default)."""
+    upper = model.upper()
+    default, low = next(
+        ((w, lo) for fragment, w, lo in SIMULATED_POWER if fragment in upper), SIMULATED_POWER_OTHER
+    )
+    return PowerLimits(limit_w=default, min_w=low, max_w=default, default_w=default)
 
 
 class FaultCommandError(ValueError):
@@ -86,10 +131,16 @@ class SimulatedNvml:
         *,
         node_name: str = "",
         default_memory_mib: int = 81920,
-        driver: str = "simulated",
+        driver: str = DEFAULT_SIMULATED_DRIVER,
+        cuda_version: str = DEFAULT_SIMULATED_CUDA,
     ) -> None:
         self.topology = topology
         self._driver = driver
+        self._cuda_version = cuda_version
+        #: Every `set_power_limit` call that was accepted, (GPU index, watts), in order.
+        self.power_limit_calls: list[tuple[int, int]] = []
+        #: Off: setting a power limit is refused as NVML refuses an agent without root.
+        self.power_settable = True
         self._switched = looks_switched(topology)
         self._gpus = tuple(
             replace(
@@ -111,6 +162,7 @@ class SimulatedNvml:
         self._processes: dict[int, dict[int, int | None]] = {}
         self._utilization: dict[int, Utilization] = {}
         self._mig: dict[int, MigInfo] = {}
+        self._power = {g.index: simulated_power(g.model) for g in self._gpus}
 
     @classmethod
     def from_machine(cls, name_or_path: str, **kwargs: Any) -> SimulatedNvml:
@@ -126,6 +178,30 @@ class SimulatedNvml:
 
     def driver_version(self) -> str:
         return self._driver
+
+    def cuda_driver_version(self) -> str:
+        return self._cuda_version
+
+    def power_limits(self, index: int) -> PowerLimits:
+        self._gpu(index, "nvmlDeviceGetPowerManagementLimit")
+        with self._lock:
+            return self._power[index]
+
+    def set_power_limit(self, index: int, watts: int) -> None:
+        call = "nvmlDeviceSetPowerManagementLimit"
+        self._gpu(index, call)
+        with self._lock:
+            current = self._power[index]
+            if not self.power_settable:
+                raise NvmlReadError(call, "Insufficient Permissions (NVML code 4)", gpu=index)
+            if not current.min_w <= watts <= current.max_w:
+                raise NvmlReadError(
+                    call,
+                    f"{watts} W is outside {current.min_w}-{current.max_w} W (NVML code 2)",
+                    gpu=index,
+                )
+            self._power[index] = replace(current, limit_w=watts)
+            self.power_limit_calls.append((index, watts))
 
     def device_count(self) -> int:
         return len(self._gpus)
@@ -396,4 +472,13 @@ POST a JSON object with "gpu": <index> and exactly one of:
   "clear": true                     reset the GPU: readable, clean ECC, all links up
 """
 
-__all__ = ["FAULT_COMMAND_HELP", "FaultCommandError", "SimulatedNvml", "looks_switched", "simulated_uuid"]
+__all__ = [
+    "DEFAULT_SIMULATED_CUDA",
+    "DEFAULT_SIMULATED_DRIVER",
+    "FAULT_COMMAND_HELP",
+    "FaultCommandError",
+    "SimulatedNvml",
+    "looks_switched",
+    "simulated_power",
+    "simulated_uuid",
+]

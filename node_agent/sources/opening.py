@@ -26,12 +26,26 @@ class NodeSources:
     topo_text: Callable[[], str | None]
 
 
-def open_sources(simulate: str | None, node_name: str, *, use_smi: bool, nvidia_smi: str) -> NodeSources:
+def open_sources(
+    simulate: str | None,
+    node_name: str,
+    *,
+    use_smi: bool,
+    nvidia_smi: str,
+    simulate_driver: str | None = None,
+    simulate_cuda: str | None = None,
+) -> NodeSources:
     """A simulated machine (catalog name or `topo -m` file) when `simulate` is set, else the real
     NVML (when it loads) and `nvidia-smi` (unless `use_smi` is off). Raises CatalogError and
-    OSError for a simulated machine that cannot be loaded."""
+    OSError for a simulated machine that cannot be loaded. `simulate_driver` / `simulate_cuda`
+    replace the simulated driver's version and the CUDA version it runs."""
     if simulate is not None:
-        sim = SimulatedNvml.from_machine(simulate, node_name=node_name)
+        versions: dict[str, str] = {}
+        if simulate_driver is not None:
+            versions["driver"] = simulate_driver
+        if simulate_cuda is not None:
+            versions["cuda_version"] = simulate_cuda
+        sim = SimulatedNvml.from_machine(simulate, node_name=node_name, **versions)
         text = simulated_topo_text(simulate)
         return NodeSources(sim, sim, lambda: text)
     reader: NvmlReader | None = None

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from contract.allocation import decode_allocation
+from contract.allocation import ComputePriority, Enforcement, decode_allocation
 from contract.keys import ALLOCATION_ANNOTATION
 from contract.pod_demand import ContainerDemand, ContainerRole
 from node_agent.deviceplugin.broker import AllocationBroker
@@ -320,3 +320,44 @@ def test_a_plain_init_container_after_a_sidecar_runs_beside_it(node: Node) -> No
     assert visible["proxy"] == ",".join(sorted(devices["proxy"]))
     assert set(visible["warm"].split(",")) == devices["warm"]
     assert len(devices["warm"]) == 2 and not devices["warm"] & devices["proxy"]
+
+
+@pytest.mark.timeout(120)
+def test_an_interposer_share_container_gets_the_preload_and_its_mounts_through_the_kubelet(
+    node: Node, tmp_path: Path
+) -> None:
+    """Through the kubelet's device manager an interposer share gets LD_PRELOAD, its caps and the library and state mounts, beside the shim."""
+    node.wait_for(FULL)
+    library_dir = tmp_path / "shim" / "interposer"
+    library_dir.mkdir(parents=True)
+    (library_dir / "liblinkpack_cuda.so").write_bytes(b"\x7fELF")  # the plugin checks it is there
+    node.broker.sharing = SharingConfig(
+        shim_host_dir="/srv/linkpack/shim",
+        interposer_host_dir=str(library_dir),
+        gpu_state_dir="/var/lib/linkpack/gpu-state",
+    )
+    held = pod(
+        "held",
+        share(2, 4096, 1),
+        bound_at=1,
+        enforcement=Enforcement.INTERPOSER,
+        priority=ComputePriority.LOW,
+    )
+    answer = node.admit(held)
+    assert answer["ok"], answer
+    (container,) = answer["containers"]
+    envs = container["envs"]
+    assert envs["LINKPACK_ENFORCEMENT"] == "interposer"
+    assert envs["LD_PRELOAD"] == "/opt/linkpack/interposer/liblinkpack_cuda.so"
+    assert (envs["LINKPACK_MEMORY_LIMIT_MIB"], envs["LINKPACK_COMPUTE_UNITS"]) == ("4096", "1")
+    assert (envs["LINKPACK_UNITS_PER_GPU"], envs["LINKPACK_COMPUTE_PRIORITY"]) == (str(UNITS), "low")
+    assert envs["LINKPACK_GPU_STATE_DIR"] == "/run/linkpack/gpu-state"
+    assert sorted(container["mounts"], key=lambda m: m["containerPath"]) == [
+        {"containerPath": "/opt/linkpack/interposer", "hostPath": str(library_dir), "readOnly": True},
+        {"containerPath": "/opt/linkpack/shim", "hostPath": "/srv/linkpack/shim", "readOnly": True},
+        {
+            "containerPath": "/run/linkpack/gpu-state",
+            "hostPath": "/var/lib/linkpack/gpu-state",
+            "readOnly": False,
+        },
+    ]

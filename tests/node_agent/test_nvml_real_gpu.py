@@ -178,3 +178,29 @@ def test_discovery_agrees_with_topo_m(reader, smi_text):
     for mine, theirs in zip(topo.gpus, parsed.gpus, strict=True):
         if mine.numa_node is not None and theirs.numa_node is not None:
             assert mine.numa_node == theirs.numa_node
+
+
+@pytest.mark.timeout(60)
+def test_driver_cuda_and_power_facts_match_nvidia_smi(reader):
+    """The CUDA version and power limits NVML gives (read only, nothing is set) match `nvidia-smi`."""
+    cuda = reader.cuda_driver_version()
+    assert cuda == "" or re.fullmatch(r"\d+\.\d+", cuda), cuda
+    limits = [reader.power_limits(i) for i in range(reader.device_count())]
+    for p in limits:
+        assert not p.known or (0 < p.min_w <= p.limit_w <= p.max_w or p.max_w == 0), p
+    if shutil.which("nvidia-smi") is None:
+        pytest.skip("nvidia-smi not installed")
+    header = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30, check=True).stdout
+    shown = re.search(r"CUDA Version:\s*(\d+\.\d+)", header)
+    if shown and cuda:
+        assert shown.group(1) == cuda
+    query = subprocess.run(
+        ["nvidia-smi", "--query-gpu=power.limit", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.split("\n")
+    for p, line in zip(limits, query, strict=False):
+        if p.known and re.fullmatch(r"\s*[\d.]+\s*", line):
+            assert abs(float(line) - p.limit_w) <= 1, (line, p)

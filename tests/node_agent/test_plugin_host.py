@@ -11,6 +11,7 @@ from contract.resources import ResourceNames
 from node_agent.deviceplugin.record_store import InMemoryPodRecords
 from node_agent.deviceplugin.server import PluginConfig
 from node_agent.health import GpuHealth
+from node_agent.metrics import AgentMetrics, DevicePluginStats
 from node_agent.plugin_host import (
     SHIM_FILES,
     DevicePluginHost,
@@ -175,3 +176,21 @@ def test_the_host_serves_the_configured_resource_names(plugin_dir: Path) -> None
     finally:
         host.stop()
         kubelet.stop()
+
+
+@pytest.mark.timeout(10)
+def test_enforcement_fallbacks_and_applied_levels_are_exported() -> None:
+    """The device plugins' fallbacks (by the record's level) and handouts (by the level applied) appear on the agent's metrics."""
+    metrics = AgentMetrics()
+    stats = DevicePluginStats(
+        allocations=3,
+        enforcement_disagreements=1,
+        fallbacks=(("interposer", 1),),
+        applied=(("cooperative", 1), ("interposer", 2)),
+    )
+    metrics.watch_device_plugins(lambda: stats)
+    body = metrics.render()[0].decode()
+    assert 'linkpack_agent_allocation_mismatches_total{kind="enforcement"} 1.0' in body
+    assert 'linkpack_agent_enforcement_fallbacks_total{recorded="interposer"} 1.0' in body
+    assert 'linkpack_agent_allocations_by_enforcement_total{enforcement="interposer"} 2.0' in body
+    assert 'linkpack_agent_allocations_by_enforcement_total{enforcement="cooperative"} 1.0' in body
