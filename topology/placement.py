@@ -146,7 +146,7 @@ def place_whole_gpus(
 def _power_settable(node: NodeState, eligible: list[int], watts: int) -> list[int] | Misfit:
     """The GPUs whose power limit may be set to `watts` (a whole GPU's budget), or why none."""
     limits = [node.power_limit(i) for i in eligible]
-    if any(limit is None for limit in limits):
+    if any(limit is None or limit.max_w <= 0 for limit in limits):  # no range: cannot tell it is settable
         return Misfit(MisfitReason.POWER_UNKNOWN, False, f"the pod asks for {watts} W per GPU")
     settable = [
         i for i, limit in zip(eligible, limits, strict=True) if limit and limit.min_w <= watts <= limit.max_w

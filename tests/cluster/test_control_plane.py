@@ -351,6 +351,8 @@ def test_scheduler_configmap_carries_the_scheduler_config() -> None:
         "examples/pod-4gpu.yaml",
         "examples/pod-fractional.yaml",
         "examples/pod-mig.yaml",
+        "examples/pod-sxm-affinity.yaml",
+        "extender-access.yaml",
     ],
 )
 def test_manifest_passes_server_side_validation(linkpack_crd: ControlPlane, manifest: str) -> None:

@@ -522,8 +522,22 @@ def test_agent_may_not_write_a_ledger_even_with_widened_rbac(cluster: Cluster) -
         _wait_until_refused(
             (AGENT_POLICY, LEDGER_POLICY), create, "the agent creating a ledger with widened RBAC"
         )
-        message = refused_by(AGENT_POLICY, create)
-        assert "may not create configmaps linkpack-system/linkpack-ledger-" in message
+        status, message = refusal(create)
+        assert status == 403 and any(
+            f"ValidatingAdmissionPolicy '{p}'" in message for p in (AGENT_POLICY, LEDGER_POLICY)
+        )
+
+        def scratch() -> Any:  # no ledger name or label: the agent's own policy alone refuses it
+            body = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "agent-scratch"},
+                "data": {},
+            }
+            return core.create_namespaced_config_map(SYSTEM_NAMESPACE, body)
+
+        message = refused_by(AGENT_POLICY, scratch)
+        assert "may not create configmaps linkpack-system/agent-scratch" in message
         assert (
             "ConfigMaps (the linkpack-ledger-<node> allocation ledgers) are written only by the extender"
             in (message)
