@@ -24,7 +24,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check .
 
 typecheck: $(VENV)/.installed proto
-	$(VENV)/bin/mypy topology extender node_agent demo
+	$(VENV)/bin/mypy topology contract extender node_agent kubectl_linkpack demo
 
 imports: $(VENV)/.installed
 	$(VENV)/bin/lint-imports

@@ -24,7 +24,7 @@ from extender.snapshot import NodeFacts
 from topology.catalog import load_machine
 from topology.model import NodeTopology
 from topology.placement import place
-from topology.workload import GpuShare, NodeState, Placement, WholeGpus
+from topology.scheduling import GpuShare, NodeState, Placement, WholeGpus
 
 MACHINES = ("hgx-h100", "dgx-a100", "dgx1-v100", "pcie-nv12-pairs", "rtx3090-2socket")
 

@@ -33,8 +33,8 @@ from topology.gpu_sets import LinkTable, link_table, mask_of, members_of
 from topology.model import NodeTopology
 from topology.oracle import oracle_best_set
 from topology.placement import place, whole_gpu_candidates
+from topology.scheduling import GpuUsage, NodeState, Placement, WholeGpus
 from topology.smi_parser import TopologyParseError, parse_topo_matrix
-from topology.workload import GpuUsage, NodeState, Placement, WholeGpus
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DOC = REPO_ROOT / "docs" / "BENCHMARKS.md"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 ALLOCATION_SCHEMA = "linkpack.io/allocation/v1"
 CONSUMED_SCHEMA = "linkpack.io/consumed/v1"

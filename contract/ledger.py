@@ -25,7 +25,7 @@ from contract.allocation import (
     load_json_object,
 )
 from contract.keys import ledger_node
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 LEDGER_SCHEMA = "linkpack.io/ledger/v1"
 

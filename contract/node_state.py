@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from contract.cordons import Cordons
 from contract.gpu_topology import PublishedTopology
 from topology.accounting import Overcommit, node_state_from_grants
-from topology.workload import GpuGrant, NodeState, PowerLimit
+from topology.scheduling import GpuGrant, NodeState, PowerLimit
 
 
 def unavailable_by_operator(

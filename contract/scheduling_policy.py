@@ -17,7 +17,7 @@ from typing import Any
 
 from contract.allocation import ComputePriority
 from contract.keys import POLICY_ANNOTATION
-from topology.workload import Policy
+from topology.scheduling import Policy
 
 POLICY_KIND = "GpuSchedulingPolicy"
 POLICY_PLURAL = "gpuschedulingpolicies"

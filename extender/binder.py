@@ -25,7 +25,7 @@ from extender.config import ExtenderConfig
 from extender.decisions import driver_misfit
 from extender.pod_requests import PodRequest, RequestError, read_pod_request, scheduler_mismatch
 from topology.placement import place
-from topology.workload import Misfit, MisfitReason
+from topology.scheduling import Misfit, MisfitReason
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from contract.node_state import build_node_state
 from contract.scheduling_policy import SchedulingPolicy
 from extender.snapshot import ClusterSnapshot, NodeEntry, NodeFacts, PolicyBook, TrackedPod
 from topology.accounting import Overcommit
-from topology.workload import GpuGrant, NodeState
+from topology.scheduling import GpuGrant, NodeState
 
 _CHANGE_LOG_LIMIT = 100_000
 

@@ -9,7 +9,7 @@ from typing import TypeVar
 
 from contract.keys import DEFAULT_NAMESPACE, DEFAULT_SCHEDULER_NAME
 from contract.resources import ResourceConfigError, ResourceNames, units_per_gpu_from_env
-from topology.workload import DEFAULT_UNITS_PER_GPU, Policy, PolicyName
+from topology.scheduling import DEFAULT_UNITS_PER_GPU, Policy, PolicyName
 
 
 @dataclass(frozen=True, slots=True)

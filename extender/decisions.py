@@ -19,8 +19,8 @@ from extender.cluster_store import ClusterStore
 from extender.pod_requests import PodRequest
 from extender.snapshot import ClusterSnapshot
 from topology.placement import place
+from topology.scheduling import Misfit, MisfitReason, Outcome, Placement, Policy, Request
 from topology.scoring import Ranking, RawTerms, combine, default_fragmentation, node_terms
-from topology.workload import Misfit, MisfitReason, Outcome, Placement, Policy, Request
 
 _MAX_REQUEST_KINDS = 512  # distinct (request, policy) pairs remembered at once
 

@@ -32,7 +32,7 @@ from contract.scheduling_policy import (
 )
 from extender.config import ExtenderConfig
 from extender.snapshot import PolicyBook
-from topology.workload import GpuShare, MigSlice, Policy, Request, WholeGpus
+from topology.scheduling import GpuShare, MigSlice, Policy, Request, WholeGpus
 
 
 @dataclass(frozen=True, slots=True)

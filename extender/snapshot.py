@@ -17,7 +17,7 @@ from contract.ledger import Ledger, LedgerEntry
 from contract.scheduling_policy import SchedulingPolicy
 from extender.stale_entries import PodFacts
 from topology.accounting import Overcommit
-from topology.workload import GpuGrant, NodeState
+from topology.scheduling import GpuGrant, NodeState
 
 _EMPTY: Mapping[str, tuple[GpuGrant, ...]] = MappingProxyType({})
 

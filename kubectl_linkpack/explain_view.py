@@ -12,7 +12,7 @@ from typing import Any
 
 from contract.resources import ResourceNames
 from kubectl_linkpack.tables import share_text, table
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 Number = int | float
 

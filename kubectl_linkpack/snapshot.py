@@ -21,7 +21,7 @@ from contract.ledger import Ledger, LedgerError, ledger_from_config_map
 from contract.node_state import build_node_state
 from contract.pods import PodRef, pod_finished, pod_ref
 from topology.accounting import Overcommit
-from topology.workload import NodeState
+from topology.scheduling import NodeState
 
 
 @dataclass(frozen=True, slots=True)

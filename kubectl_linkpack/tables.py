@@ -6,7 +6,7 @@ import datetime as dt
 from collections.abc import Iterable, Sequence
 
 from contract.resources import ResourceKind, ResourceNames
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:

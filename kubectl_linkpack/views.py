@@ -19,7 +19,7 @@ from kubectl_linkpack.tables import age, gib, share_text, table
 from topology.gpu_status import GPU_STATUSES, gpu_status, model_of
 from topology.graph import build_graph, gpu_vertex, nic_vertex
 from topology.model import LinkKind
-from topology.workload import NodeState
+from topology.scheduling import NodeState
 
 NO_TOPOLOGIES = "No GpuTopology objects found: is the node agent running?"
 NO_ALLOCATIONS = "No GPU allocations found."

@@ -30,7 +30,7 @@ from contract.keys import ALLOCATION_ANNOTATION
 from node_agent.kube import PodInfo
 from node_agent.sources.nvml_reader import NvmlError, NvmlReader, PowerLimits
 from topology.model import Gpu
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 log = logging.getLogger("node_agent.power")
 

@@ -1,7 +1,7 @@
 """The core types build and agree with each other."""
 
 from topology.model import Gpu, GpuLink, LinkKind, NodeTopology
-from topology.workload import NodeState
+from topology.scheduling import NodeState
 
 
 def test_an_empty_two_gpu_node_has_both_gpus_free() -> None:

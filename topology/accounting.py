@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from topology.model import NodeTopology
-from topology.workload import GpuGrant, GpuUsage, NodeState, PowerLimit
+from topology.scheduling import GpuGrant, GpuUsage, NodeState, PowerLimit
 
 
 @dataclass(frozen=True, slots=True)

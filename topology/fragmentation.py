@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from topology.model import MigMode
-from topology.workload import GpuUsage, NodeState
+from topology.scheduling import GpuUsage, NodeState
 
 MILLI_PER_GPU = 1000
 

@@ -5,14 +5,14 @@ The extender's debug page (its legend, GPU colours and counts) and the kubectl p
 node's GPUs with `model_of`. Keeping the words here, next to the `GpuUsage` they are read from,
 means the page and the CLI can never disagree about what "shared" or "cordoned" means.
 
-Pure functions over `topology.workload` values; no I/O.
+Pure functions over `topology.scheduling` values; no I/O.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from topology.workload import GpuUsage, NodeState
+from topology.scheduling import GpuUsage, NodeState
 
 #: What a GPU is doing, in the order legends and tables list them.
 GPU_STATUSES: Final = ("free", "shared", "whole", "unhealthy", "cordoned")

@@ -14,7 +14,7 @@ from itertools import combinations, permutations
 
 from topology.gpu_sets import SetKey, locality_group, nic_closeness, pair_bandwidth_units
 from topology.model import MigMode, NodeTopology
-from topology.workload import NodeState, WholeGpus
+from topology.scheduling import NodeState, WholeGpus
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,7 @@ from topology.gpu_sets import (
     set_key,
 )
 from topology.model import LinkKind, MigMode, NodeTopology
-from topology.share_placement import place_share, shares_allowed
-from topology.workload import (
+from topology.scheduling import (
     GpuGrant,
     GpuShare,
     MigSlice,
@@ -39,6 +38,7 @@ from topology.workload import (
     ScoreBreakdown,
     WholeGpus,
 )
+from topology.share_placement import place_share, shares_allowed
 
 DEFAULT_POLICY = Policy()
 _PIX_RANK = LinkKind.PIX.pcie_rank  # a NIC behind the same PCIe switch counts as fully close

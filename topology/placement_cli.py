@@ -14,7 +14,7 @@ from dataclasses import asdict
 from typing import Any
 
 from topology.placement import place
-from topology.workload import GpuUsage, Misfit, NodeState, Policy, WholeGpus
+from topology.scheduling import GpuUsage, Misfit, NodeState, Policy, WholeGpus
 
 EXIT_PLACED = 0
 EXIT_MISFIT = 1

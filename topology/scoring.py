@@ -57,7 +57,7 @@ from topology.accounting import with_grants
 from topology.fragmentation import Workload, node_state_fragmentation
 from topology.gpu_sets import LinkTable, link_table, mask_of, members_of
 from topology.placement import whole_gpu_candidates
-from topology.workload import NodeState, Placement, Policy, PolicyName, Request, WholeGpus
+from topology.scheduling import NodeState, Placement, Policy, PolicyName, Request, WholeGpus
 
 MAX_SCORE = 10
 #: How the three link components of a multi-GPU placement mix (the bottleneck dominates).

@@ -21,7 +21,7 @@ from dataclasses import replace
 from topology import fragmentation as fgd
 from topology.gpu_sets import BANDWIDTH_SCALE, link_table, mask_of, members_of
 from topology.model import MigMode
-from topology.workload import (
+from topology.scheduling import (
     GpuGrant,
     GpuShare,
     Misfit,

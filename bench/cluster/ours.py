@@ -1,6 +1,6 @@
 """Linkpack's own policy in the simulator ("ours"): the extender's filter, prioritize and placement.
 
-Every openb node gets a topology (`bench.cluster.topologies`) and a `topology.workload.NodeState`
+Every openb node gets a topology (`bench.cluster.topologies`) and a `topology.scheduling.NodeState`
 (shares in units of 1/1000 GPU, so trace shares map exactly; whole-held GPUs marked whole).
 For a GPU pod, on every node that passed the simulator's shared filter (CPU, memory, GPU
 model, GPU fit: the same for every policy):
@@ -45,6 +45,7 @@ from extender.config import ExtenderConfig
 from topology.fragmentation import Workload
 from topology.model import NodeTopology
 from topology.placement import place
+from topology.scheduling import GpuShare, GpuUsage, NodeState, Placement, Policy, Request, WholeGpus
 from topology.scoring import (
     Fragmentation,
     NodeResourcesContext,
@@ -53,7 +54,6 @@ from topology.scoring import (
     default_fragmentation,
     node_terms,
 )
-from topology.workload import GpuShare, GpuUsage, NodeState, Placement, Policy, Request, WholeGpus
 
 UsageKey = tuple[int, ...]  # free milli per GPU, -1 for a GPU held whole
 

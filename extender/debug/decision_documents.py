@@ -19,8 +19,8 @@ from extender.decisions import FilterOutcome
 from extender.pod_requests import PodRequest, RequestError
 from extender.service import PodDecisions
 from extender.snapshot import TrackedPod
+from topology.scheduling import GpuShare, MigSlice, MisfitReason, Placement, Policy, Request, WholeGpus
 from topology.scoring import NodeRanking, Ranking
-from topology.workload import GpuShare, MigSlice, MisfitReason, Placement, Policy, Request, WholeGpus
 
 
 def policy_doc(policy: Policy) -> Doc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contract.ledger import Ledger
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 NO_TOPOLOGY_MESSAGE = (
     "node has no GPU topology record: no GpuTopology object names it, or the object is malformed "

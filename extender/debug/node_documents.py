@@ -19,7 +19,7 @@ from extender.snapshot import NodeEntry
 from topology.fragmentation import node_state_fragmentation
 from topology.gpu_status import GPU_STATUSES, gpu_status, model_of
 from topology.graph import build_graph
-from topology.workload import GpuGrant, NodeState
+from topology.scheduling import GpuGrant, NodeState
 
 Doc = dict[str, Any]
 

@@ -35,7 +35,7 @@ from extender.snapshot import NodeEntry
 from topology.gpu_status import GPU_STATUSES, gpu_status, model_of
 from topology.graph import build_graph
 from topology.model import LinkKind, Nic
-from topology.workload import NodeState
+from topology.scheduling import NodeState
 
 
 @dataclass(frozen=True, slots=True)

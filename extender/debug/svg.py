@@ -26,7 +26,7 @@ from extender.snapshot import NodeEntry
 from topology.gpu_status import gpu_status
 from topology.graph import NVSWITCH, build_graph
 from topology.model import LinkKind
-from topology.workload import NodeState
+from topology.scheduling import NodeState
 
 _GPU_W, _GPU_H = 100.0, 60.0
 _NIC_W, _NIC_H = 58.0, 20.0

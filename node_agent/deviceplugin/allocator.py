@@ -22,7 +22,7 @@ from contract.pods import PodRef
 from contract.resources import ResourceKind
 from node_agent.deviceplugin.inventory import Inventory, share_unit_gpu, share_unit_number
 from node_agent.deviceplugin.records import PodRecord, Slot, SlotKey
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 #: (pod uid, record generation)
 RecordKey = tuple[str, int]

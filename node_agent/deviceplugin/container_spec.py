@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from contract.allocation import ComputePriority, Enforcement
 from node_agent.deviceplugin.inventory import Inventory
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 SHIM_CONTAINER_PATH = "/opt/linkpack/shim"
 #: where the interposer's host directory is mounted, and the library in it (`LD_PRELOAD`)

@@ -25,7 +25,7 @@ from contract.pods import PodRef
 from contract.resources import ResourceKind
 from node_agent.deviceplugin.inventory import Inventory
 from node_agent.deviceplugin.record_store import BoundPod
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 #: (pod uid, record generation, container position, resource)
 SlotKey = tuple[str, int, int, str]

@@ -320,8 +320,8 @@ def test_cli_parses_seed_ranges_and_policy_lists() -> None:
 def test_ours_decides_as_scoring_every_node_through_the_extender_would() -> None:
     from bench.cluster.ours import extender_default_policy, node_state, ours_factory, request_for
     from topology.placement import place
+    from topology.scheduling import Placement
     from topology.scoring import rank_nodes
-    from topology.workload import Placement
 
     workload = _workload((500, 1, 0.5), (1000, 1, 0.5))
     nodes = tuple(
@@ -391,8 +391,8 @@ def test_ours_cpu_decides_as_node_terms_with_each_nodes_exact_cpu_would() -> Non
         scoring_workload,
     )
     from topology.placement import place
+    from topology.scheduling import Placement
     from topology.scoring import NodeResourcesContext, combine, default_fragmentation, node_terms
-    from topology.workload import Placement
 
     workload = (
         TypicalRequest(1000, 1, 8000, 0, 0.4),

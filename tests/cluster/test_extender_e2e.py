@@ -33,7 +33,7 @@ from tests.cluster.linkpack_env import (
 from topology.accounting import accumulate
 from topology.oracle import oracle_best_set
 from topology.placement import set_quality
-from topology.workload import NodeState, WholeGpus
+from topology.scheduling import NodeState, WholeGpus
 
 pytestmark = pytest.mark.cluster
 TOPOLOGIES = {node: node_topology(node, machine) for node, machine in GPU_NODES}

@@ -24,7 +24,7 @@ from kubectl_linkpack import cli as plugin
 from tests.cluster.controlplane import ControlPlane, bind_pod, delete_fake_node, temporary_namespace
 from topology.catalog import load_machine
 from topology.codec import encode_topology
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 pytestmark = pytest.mark.cluster
 

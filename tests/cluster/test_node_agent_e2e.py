@@ -54,7 +54,7 @@ from tests.cluster.procs import die_with_parent
 from tests.node_agent.fake_kubelet import FakeKubelet, plugin_stub
 from topology.codec import decode_topology
 from topology.model import LinkKind
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 

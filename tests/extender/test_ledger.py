@@ -7,7 +7,7 @@ import pytest
 from contract.allocation import Allocation, Enforcement
 from contract.ledger import Ledger, LedgerEntry, LedgerError, decode_ledger, encode_ledger
 from extender.stale_entries import PodFacts, StaleReason, stale_entries
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 NOW = 10_000.0
 TIMEOUT = 120.0

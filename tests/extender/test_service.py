@@ -165,7 +165,7 @@ def test_a_reservation_that_never_binds_expires(service: ExtenderService, cluste
     """A commit left behind by a crash between ledger write and Binding is released after the timeout."""
     from contract.allocation import Allocation
     from contract.ledger import LedgerEntry
-    from topology.workload import GpuGrant
+    from topology.scheduling import GpuGrant
 
     created = cluster.create_pod(gpu_pod("orphan", gpus=1))
     uid = created["metadata"]["uid"]

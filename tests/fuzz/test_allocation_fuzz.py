@@ -36,7 +36,7 @@ from tests.fuzz.contract_support import (
 )
 from tests.fuzz.corpus_support import expectation, read_text, replay_params
 from tests.fuzz.fuzz_settings import fuzz
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 grants = st.builds(
     GpuGrant,

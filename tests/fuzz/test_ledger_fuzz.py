@@ -37,7 +37,7 @@ from tests.fuzz.contract_support import (
 )
 from tests.fuzz.corpus_support import expectation, read_json, replay_params
 from tests.fuzz.fuzz_settings import fuzz
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 NODE = "gpu-node-1"
 _grants = st.builds(

@@ -24,7 +24,7 @@ from kubectl_linkpack.cluster_reader import ClusterReader, ExtenderReply
 from kubectl_linkpack.errors import PluginError
 from topology.catalog import load_machine
 from topology.model import NodeTopology
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 NOW = dt.datetime(2025, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
 TOPOLOGY = load_machine("dgx-a100")

@@ -11,7 +11,7 @@ from contract.ledger import Ledger, LedgerEntry
 from contract.node_state import build_node_state
 from kubectl_linkpack.errors import PluginError
 from topology.gpu_status import GPU_STATUSES, gpu_status
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 from .fakes import (
     BAD,

@@ -9,7 +9,7 @@ from contract.pods import PodRef
 from contract.resources import ResourceNames
 from node_agent.deviceplugin.inventory import Inventory, MigInstance, NodeGpu
 from node_agent.deviceplugin.record_store import BoundPod
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 GPU_MEMORY_MIB = 81920
 MIG_PROFILE = "1g.10gb"

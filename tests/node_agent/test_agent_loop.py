@@ -17,7 +17,7 @@ from node_agent.metrics import AgentMetrics
 from node_agent.sources.nvml_reader import XidEvent
 from node_agent.sources.nvml_simulated import SimulatedNvml
 from tests.node_agent.machines import FakeClock, FakeNodeApi, machine, topo_text
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 MIB = 1024 * 1024
 

@@ -17,7 +17,7 @@ from node_agent.power import PowerLimiter, PowerPlan, PowerTarget, budgets, plan
 from node_agent.sources.nvml_reader import PowerLimits
 from node_agent.sources.nvml_simulated import SimulatedNvml
 from tests.node_agent.machines import FakeClock, FakeNodeApi, machine, topo_text
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 NODE = "n1"
 A100 = SimulatedNvml(machine("dgx-a100"), node_name=NODE)  # its GPUs: for UUIDs and the plan's input

@@ -13,7 +13,7 @@ from node_agent.kube import PodInfo
 from node_agent.sources.nvml_simulated import SimulatedNvml
 from node_agent.watchdog import ProcessUse, Share, Watchdog, assess, pod_uid_from_cgroup, read_pod_uid
 from tests.node_agent.machines import machine
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 MIB = 1024 * 1024
 UID_A = "1b2c3d4e-5f60-4a7b-8c9d-0e1f2a3b4c5d"

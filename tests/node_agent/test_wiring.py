@@ -24,7 +24,7 @@ from node_agent.wiring import main, start_device_plugins
 from tests.node_agent.builders import WHOLE_GPU, app
 from tests.node_agent.fake_kubelet import FakeKubelet, plugin_stub, wait_until
 from tests.node_agent.machines import FakeClock, FakeNodeApi, machine, topo_text
-from topology.workload import GpuGrant
+from topology.scheduling import GpuGrant
 
 REPO = Path(__file__).resolve().parents[2]
 

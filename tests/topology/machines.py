@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from itertools import combinations
 
 from topology.model import Gpu, GpuLink, LinkKind, MigDevice, MigMode, Nic, NicLink, NodeTopology
-from topology.workload import GpuUsage, NodeState
+from topology.scheduling import GpuUsage, NodeState
 
 Pair = tuple[int, int]
 

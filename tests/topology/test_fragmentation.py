@@ -18,7 +18,7 @@ from topology.fragmentation import (
     typical_workload_from,
 )
 from topology.model import Gpu, MigDevice, MigMode, NodeTopology
-from topology.workload import GpuUsage, NodeState
+from topology.scheduling import GpuUsage, NodeState
 
 
 def _shape(cpu: int, milli: int, count: int, percent: float, model: str = "") -> TypicalRequest:

@@ -6,7 +6,7 @@ import pytest
 
 from topology.gpu_status import GPU_STATUSES, gpu_status, model_of
 from topology.model import Gpu, NodeTopology
-from topology.workload import GpuUsage, NodeState
+from topology.scheduling import GpuUsage, NodeState
 
 
 def _state(*models: str) -> NodeState:

@@ -6,7 +6,7 @@ import pytest
 
 from topology.model import Gpu, NodeTopology
 from topology.placement import DEFAULT_POLICY, apply_placement, place, release_placement, set_quality
-from topology.workload import (
+from topology.scheduling import (
     GpuGrant,
     MigSlice,
     Misfit,

@@ -8,7 +8,7 @@ import pytest
 
 from topology.accounting import with_grants
 from topology.placement import place
-from topology.workload import GpuShare, Misfit, MisfitReason, NodeState, Placement, Policy, WholeGpus
+from topology.scheduling import GpuShare, Misfit, MisfitReason, NodeState, Placement, Policy, WholeGpus
 
 from .machines import hgx_h100, state, two_socket_pcie
 

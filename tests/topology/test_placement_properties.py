@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from topology.model import Gpu, GpuLink, LinkKind, Nic, NicLink, NodeTopology
 from topology.oracle import oracle_best_set
 from topology.placement import apply_placement, place, release_placement
-from topology.workload import GpuShare, GpuUsage, Misfit, NodeState, Placement, Request, WholeGpus
+from topology.scheduling import GpuShare, GpuUsage, Misfit, NodeState, Placement, Request, WholeGpus
 
 LINK_CHOICES = [
     (LinkKind.NV, 1),

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 from extender.config import ExtenderConfig
 from topology.placement import place
+from topology.scheduling import GpuShare, GpuUsage, NodeState, Placement, Policy, Request, WholeGpus
 from topology.scoring import Ranking, RawTerms, combine, default_fragmentation, node_terms, rank_nodes
-from topology.workload import GpuShare, GpuUsage, NodeState, Placement, Policy, Request, WholeGpus
 
 from .machines import hgx_h100, pcie_pairs, state
 

@@ -7,8 +7,8 @@ import pytest
 from topology.fragmentation import TypicalRequest
 from topology.model import Gpu, NodeTopology
 from topology.placement import apply_placement, place
+from topology.scheduling import GpuShare, GpuUsage, Misfit, MisfitReason, NodeState, Placement
 from topology.share_placement import place_share
-from topology.workload import GpuShare, GpuUsage, Misfit, MisfitReason, NodeState, Placement
 
 from .machines import a100_mig, hgx_h100, pcie_pairs, state
 

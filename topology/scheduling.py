@@ -1,4 +1,8 @@
-"""What is asked of a node and what it already carries: requests, node state, outcomes.
+"""The vocabulary of one scheduling decision: what is asked of a node (requests, policy), what
+it already carries (node state, grants) and what placing answers (placements, misfits).
+
+(The fleet's mix of requests that fragmentation is measured against is a different thing:
+`topology.fragmentation.Workload`.)
 
 These are the inputs and outputs of `topology.placement.place`; the extender, the node agent
 and the cluster simulator all speak in these types.
