@@ -116,6 +116,11 @@ def issue_tls_set(directory: Path) -> TlsSet:
         "rogue.crt": rogue,
     }.items():
         _write(directory / name, cert, key)
+    return tls_set_in(directory)
+
+
+def tls_set_in(directory: Path) -> TlsSet:
+    """The files `issue_tls_set` writes in `directory`."""
     return TlsSet(
         server_ca=directory / "server-ca.crt",
         server_cert=directory / "server.crt",

@@ -18,6 +18,9 @@ What a real machine of that shape would say:
 Faults for the health and watchdog paths: `inject_xid`, `inject_ecc_event`, `set_ecc`,
 `set_nvlink_active`, `set_gpu_lost`, processes with memory, `clear_faults`. `apply_fault`
 takes the same commands as JSON (the agent's POST /debug/inject in simulate mode).
+
+It is over 450 lines on purpose: one class answers every `NvmlReader` method from one machine
+and its fault state, mirroring `nvml_pynvml` method by method so the two can be read side by side.
 """
 
 from __future__ import annotations

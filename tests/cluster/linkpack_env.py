@@ -18,7 +18,7 @@ import httpx
 from kubernetes import client
 
 from tests.cluster.controlplane import REPO_ROOT, ControlPlane, free_port, render_scheduler_config
-from tests.tls_certs import TlsSet, issue_tls_set
+from tests.tls_certs import TlsSet, issue_tls_set, tls_set_in
 from topology.catalog import load_machine
 from topology.codec import encode_topology
 from topology.model import NodeTopology
@@ -159,16 +159,7 @@ def extender_tls(cp: ControlPlane) -> TlsSet:
     directory = cp.log_dir / "tls"
     if not (directory / "client.key").exists():
         issue_tls_set(directory)
-    return TlsSet(
-        server_ca=directory / "server-ca.crt",
-        server_cert=directory / "server.crt",
-        server_key=directory / "server.key",
-        client_ca=directory / "client-ca.crt",
-        client_cert=directory / "client.crt",
-        client_key=directory / "client.key",
-        rogue_cert=directory / "rogue.crt",
-        rogue_key=directory / "rogue.key",
-    )
+    return tls_set_in(directory)
 
 
 @contextlib.contextmanager
