@@ -27,7 +27,6 @@ class Enforcement(StrEnum):
     INTERPOSER = "interposer"  # the CUDA driver-API interposer: memory cap and time-slice quota
     HARD_MPS = "hard-mps"  # CUDA MPS: pinned memory limit and active thread percentage per client
     MIG = "mig"  # hardware partition
-    MPS = "hard-mps"  # the earlier name of HARD_MPS (an alias: the same member)
 
 
 #: Values written by earlier versions, read as today's level.

@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from node_agent.host_files import install_file
+
 log = logging.getLogger("node_agent.interposer")
 
 LIBRARY_NAME = "liblinkpack_cuda.so"
@@ -40,19 +42,7 @@ def install_interposer(source: str | Path, shim_dir: str | Path) -> Path:
     data = Path(source).read_bytes()
     directory = Path(shim_dir) / INSTALL_SUBDIR
     directory.mkdir(parents=True, exist_ok=True)
-    destination = directory / LIBRARY_NAME
-    try:
-        if destination.read_bytes() == data:
-            return directory
-    except OSError:
-        pass  # missing or unreadable: write it
-    scratch = directory / f".{LIBRARY_NAME}.{os.getpid()}.tmp"
-    try:
-        scratch.write_bytes(data)
-        scratch.chmod(0o644)  # mapped by container users of any uid
-        os.replace(scratch, destination)
-    finally:
-        scratch.unlink(missing_ok=True)
+    install_file(directory / LIBRARY_NAME, data)
     return directory
 
 

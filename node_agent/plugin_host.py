@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.resources
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -33,6 +32,7 @@ from node_agent.deviceplugin.inventory import Inventory
 from node_agent.deviceplugin.record_store import PodRecordStore
 from node_agent.deviceplugin.server import DeviceHealth, DevicePlugins, PluginConfig, start_device_plugins
 from node_agent.health import GpuHealth
+from node_agent.host_files import install_file
 from node_agent.metrics import DevicePluginStats
 from topology.model import NodeTopology
 
@@ -50,20 +50,7 @@ def install_shim(target: str | Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     source = importlib.resources.files(SHIM_PACKAGE)
     for name in SHIM_FILES:
-        data = source.joinpath(name).read_bytes()
-        destination = directory / name
-        try:
-            if destination.read_bytes() == data:
-                continue
-        except OSError:
-            pass  # missing or unreadable: write it
-        scratch = directory / f".{name}.{os.getpid()}.tmp"
-        try:
-            scratch.write_bytes(data)
-            scratch.chmod(0o644)  # read by container users of any uid
-            os.replace(scratch, destination)
-        finally:
-            scratch.unlink(missing_ok=True)
+        install_file(directory / name, source.joinpath(name).read_bytes())
     return directory
 
 

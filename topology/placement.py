@@ -109,7 +109,8 @@ def place_whole_gpus(
     usable = [i for i in eligible if node.usage[i].usable]
     if not usable:
         return Misfit(MisfitReason.ALL_GPUS_UNHEALTHY, True)
-    free = [i for i in whole_gpu_candidates(node) if i in set(eligible)]
+    allowed = set(eligible)
+    free = [i for i in whole_gpu_candidates(node) if i in allowed]
     if len(free) < k:
         held_back = len(eligible) - len(usable)
         detail = f"{k} asked, {len(free)} free" + (
