@@ -7,13 +7,20 @@ The order makes over-allocation impossible whatever else runs at the same time:
 3. create the Binding with uid + resourceVersion preconditions, carrying the allocation
    annotation so the pod and its record land in one atomic update;
 4. on any failure after the commit, remove the entry again so the capacity is free.
+
+Any number of extender replicas may do this at once (active-active): every ledger change is a
+compare-and-swap on the API's copy, never on a replica's cached view. An entry an earlier
+attempt left for the same pod (perhaps by a replica that died before binding) is renewed with
+a compare-and-swap before it is used, so a replica releasing it as never bound either wins
+first (the renewal conflicts and the pod is placed afresh) or loses (the release sees the
+renewed entry and keeps it): a pod is never bound on capacity the ledger has given back.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from contract.allocation import Allocation, encode_allocation, enforcement_for
 from contract.keys import ALLOCATION_ANNOTATION
@@ -93,24 +100,26 @@ class Binder:
         ledger = self._store.snapshot().ledger(node)
         for attempt in range(1, self._config.bind_retries + 1):
             existing = ledger.by_uid().get(pod.pod.uid)
+            if existing is not None and already_bound:
+                return BindResult(allocation=existing.allocation, attempts=attempt)
             if existing is not None:
-                entry = existing
+                entry = replace(existing, reserved_at=self._clock())
             else:
                 planned = self._plan(pod, ledger)
                 if isinstance(planned, Misfit):
                     return BindResult(error=f"node {node}: {planned.message}", attempts=attempt)
                 entry = planned
                 self._store.begin_bind(node, pod.pod.uid, entry.allocation.grants)
-                try:
-                    ledger = self._api.write_ledger(ledger.with_entry(entry))
-                except ApiConflict:
-                    self._store.end_bind(node, pod.pod.uid)
-                    ledger = self._fresh_ledger(node, ledger)
-                    continue
-                except ApiError as exc:
-                    self._store.end_bind(node, pod.pod.uid)
-                    return BindResult(error=f"committing allocation on {node}: {exc}", attempts=attempt)
-                self._store.apply_ledger(ledger)
+            try:
+                ledger = self._api.write_ledger(ledger.with_entry(entry))
+            except ApiConflict:
+                self._store.end_bind(node, pod.pod.uid)
+                ledger = self._fresh_ledger(node, ledger)
+                continue
+            except ApiError as exc:
+                self._store.end_bind(node, pod.pod.uid)
+                return BindResult(error=f"committing allocation on {node}: {exc}", attempts=attempt)
+            self._store.apply_ledger(ledger)
             if already_bound:
                 return BindResult(allocation=entry.allocation, attempts=attempt)
             return self._bind_or_roll_back(pod, pod_rv, node, entry, attempt)
@@ -178,13 +187,19 @@ class Binder:
             return False
         return current.tracked.uid == pod.pod.uid and current.tracked.node_name == node
 
-    def release(self, node: str, uid: str) -> bool:
-        """Remove `uid`'s entry from the node's ledger (retrying on conflicts); True when gone."""
+    def release(self, node: str, uid: str, expected: LedgerEntry | None = None) -> bool:
+        """Remove `uid`'s entry from the node's ledger (retrying on conflicts); True when gone.
+
+        With `expected`, only that very entry goes: if the ledger holds a different one for the
+        pod (a bind renewed or replaced it meanwhile), it is kept and the answer is False."""
         self._store.end_bind(node, uid)
         ledger = self._store.snapshot().ledger(node)
         for _ in range(self._config.bind_retries * 2):
-            if uid not in ledger.by_uid():
+            current = ledger.by_uid().get(uid)
+            if current is None:
                 return True
+            if expected is not None and current != expected:
+                return False
             try:
                 ledger = self._api.write_ledger(ledger.without([uid]))
                 self._store.apply_ledger(ledger)

@@ -4,6 +4,12 @@ A ledger entry is stale when its pod was deleted, re-created, finished, bound to
 or never bound within the reservation timeout (an extender that crashed between commit and
 Binding leaves such an entry). Deciding is pure (`extender.stale_entries`); this loop
 only applies the decisions through the binder's release path.
+
+Every extender replica runs this loop. A replica's watch-fed view may lag the API: another
+replica's fresh commit can be seen before the pod it is for. So an entry found stale in the
+cached view is released only after the pod itself is read from the API and the entry is
+still stale by the same rules, and only that very entry is removed (a bind that renewed it
+meanwhile keeps it: `Binder.release`).
 """
 
 from __future__ import annotations
@@ -12,8 +18,10 @@ import logging
 import time
 from collections.abc import Callable
 
+from contract.ledger import Ledger, LedgerEntry
+from extender.cluster_api import ApiError, ApiNotFound, ClusterApi
 from extender.service import ExtenderService
-from extender.stale_entries import stale_entries
+from extender.stale_entries import PodFacts, stale_entries
 
 log = logging.getLogger("linkpack.extender.reconciler")
 
@@ -25,14 +33,34 @@ def reconcile_once(service: ExtenderService, now: float | None = None) -> int:
         return 0
     now = time.time() if now is None else now
     released = 0
+    timeout = service.config.reservation_timeout_s
     for ledger in snapshot.ledgers():
         facts = snapshot.pod_facts(e.pod_uid for e in ledger.entries)
-        for entry, reason in stale_entries(ledger, facts, now, service.config.reservation_timeout_s):
-            if service.binder.release(ledger.node, entry.pod_uid):
+        suspects = tuple(entry for entry, _ in stale_entries(ledger, facts, now, timeout))
+        if not suspects:
+            continue
+        live = live_pod_facts(service.api, suspects)
+        confirm = Ledger(ledger.node, tuple(e for e in suspects if e.pod_uid in live))
+        for entry, reason in stale_entries(confirm, live, now, timeout):
+            if service.binder.release(ledger.node, entry.pod_uid, expected=entry):
                 released += 1
                 service.metrics.rollbacks.labels(reason.value).inc()
                 log.info("released %s/%s on %s: %s", entry.namespace, entry.name, ledger.node, reason.value)
     return released
+
+
+def live_pod_facts(api: ClusterApi, entries: tuple[LedgerEntry, ...]) -> dict[str, PodFacts]:
+    """What the API says now about each entry's pod, keyed by the entry's pod uid; an entry
+    whose pod cannot be read (an API error other than not found) is left out, undecided."""
+    out: dict[str, PodFacts] = {}
+    for entry in entries:
+        try:
+            out[entry.pod_uid] = api.read_pod(entry.namespace, entry.name).tracked.facts()
+        except ApiNotFound:
+            out[entry.pod_uid] = PodFacts(exists=False)
+        except ApiError as exc:
+            log.warning("cannot confirm %s/%s on its node is stale: %s", entry.namespace, entry.name, exc)
+    return out
 
 
 def run_reconciler(service: ExtenderService, stop: Callable[[], bool], period_s: float = 5.0) -> None:
