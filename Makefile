@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED ?= ../shared
 export LINKPACK_SHARED ?= $(abspath $(SHARED))
 
-.PHONY: demo test lint typecheck imports unit bench-placement bench-cluster bench-extender bench clean proto interposer
+.PHONY: manifests demo test lint typecheck imports unit bench-placement bench-cluster bench-extender bench clean proto interposer
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,12 @@ imports: $(VENV)/.installed
 
 test: $(VENV)/.installed proto lint typecheck imports
 	$(PY) -m tests.cluster.binaries
+	$(PY) -m tests.cluster.helm_binary
 	$(PY) -m pytest -q
+
+# manifests/ rendered from the Helm chart (charts/linkpack), its one source; a test checks they match.
+manifests: $(VENV)/.installed
+	$(PY) -m tests.chart.render
 
 bench-placement: $(VENV)/.installed
 	$(PY) -m bench.placement
