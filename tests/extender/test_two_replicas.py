@@ -16,7 +16,7 @@ from extender.__main__ import handlers_for
 from extender.config import ExtenderConfig
 from extender.in_memory_cluster import InMemoryCluster
 from extender.reconciler import reconcile_once
-from extender.service import ExtenderService
+from extender.service import SYNC_KINDS, ExtenderService
 from topology.accounting import accumulate
 from topology.scheduling import GpuGrant
 
@@ -114,3 +114,15 @@ def test_a_release_that_wins_the_race_makes_the_retried_bind_place_afresh(
     (entry,) = cluster.read_ledger("nv-node").entries
     assert entry.pod_uid == uid and entry.reserved_at > old.reserved_at
     assert cluster.read_pod("ml", "late").tracked.node_name == "nv-node"
+
+
+def test_a_starting_replica_is_ready_only_once_every_watch_has_listed(
+    cluster: InMemoryCluster, config: ExtenderConfig
+) -> None:
+    """Readiness (what the Service routes by) waits for the initial list of every kind: a
+    replica that knows the nodes but not yet the ledgers would place on GPUs already taken."""
+    svc = ExtenderService(config, cluster)
+    for kind in SYNC_KINDS:
+        assert not svc.ready(), f"ready before {kind} listed"
+        svc.store.mark_synced(kind)
+    assert svc.ready()
