@@ -78,8 +78,10 @@ def register_ops(app: FastAPI, service: ExtenderService) -> None:
 
     @app.get("/readyz")
     def readyz() -> JSONResponse:
-        ready = service.ready()
-        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+        waiting = service.waiting_for()
+        return JSONResponse(
+            {"ready": not waiting, "waiting_for": list(waiting)}, status_code=503 if waiting else 200
+        )
 
     @app.get("/metrics")
     def metrics() -> Response:

@@ -145,7 +145,14 @@ class ExtenderService:
     # ------------------------------------------------------------------ views
 
     def ready(self) -> bool:
-        return self.store.snapshot().is_synced(SYNC_KINDS)
+        """True once the initial list of every watched kind is in (what /readyz reports, so a
+        Service sends a replica traffic only when its view of the cluster is complete)."""
+        return not self.waiting_for()
+
+    def waiting_for(self) -> tuple[str, ...]:
+        """The watched kinds whose initial list is not in yet."""
+        synced = self.store.snapshot().synced
+        return tuple(kind for kind in SYNC_KINDS if kind not in synced)
 
     def decisions_for(self, namespace: str, name: str) -> PodDecisions | None:
         with self._log_lock:

@@ -138,14 +138,19 @@ class ExtenderProcess:
                 env=env,
             )
         deadline = time.monotonic() + timeout_s
+        last = "no answer"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"extender exited: {self.log_path.read_text()[-3000:]}")
             with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{self.ops_url}/readyz", timeout=2).status_code == 200:
+                reply = httpx.get(f"{self.ops_url}/readyz", timeout=2)
+                if reply.status_code == 200:
                     return
+                last = reply.text
             time.sleep(0.2)
-        raise RuntimeError(f"extender not ready in {timeout_s}s: {self.log_path.read_text()[-3000:]}")
+        raise RuntimeError(
+            f"extender not ready in {timeout_s}s (/readyz: {last}): {self.log_path.read_text()[-3000:]}"
+        )
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -5,7 +5,8 @@ way kube-proxy spreads connections over a Service's ready endpoints.
 TLS passes through untouched (the scheduler and each extender speak mutual TLS end to end).
 A backend is Ready while its ops port answers /readyz with 200, polled as the kubelet's
 readiness probe would be; a killed backend drops out within one poll. A connection idle for
-`idle_close_s` is closed, so that a client's keep-alive pool keeps reaching every replica.
+`idle_close_s` after the backend last sent something (an answer, not a request still being
+worked on) is closed, so that a client's keep-alive pool keeps reaching every replica.
 """
 
 from __future__ import annotations
@@ -120,29 +121,31 @@ class ServiceProxy:
             thread = threading.Thread(target=self._pump, args=(client, upstream), daemon=True)
             thread.start()
 
-    def _pump(self, a: socket.socket, b: socket.socket) -> None:
-        """Copy bytes both ways until either side closes or the pair has been idle too long."""
-        last = time.monotonic()
+    def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
+        """Copy bytes both ways until either side closes, or the backend answered last and the
+        pair has been idle too long since (HTTP/1.1: no request is waiting for its answer)."""
+        last, answered = time.monotonic(), True
         try:
             while not self._stop.is_set():
-                readable, _, _ = select.select([a, b], [], [], 0.1)
+                readable, _, _ = select.select([client, upstream], [], [], 0.1)
                 if not readable:
-                    if time.monotonic() - last > self.idle_close_s:
+                    if answered and time.monotonic() - last > self.idle_close_s:
                         return
                     continue
                 for source in readable:
                     data = source.recv(_CHUNK)
                     if not data:
                         return
-                    (b if source is a else a).sendall(data)
+                    (upstream if source is client else client).sendall(data)
+                    answered = source is upstream
                 last = time.monotonic()
         except OSError:
             return
         finally:
             with self._lock:
-                self._sockets.discard(a)
-                self._sockets.discard(b)
-            for sock in (a, b):
+                self._sockets.discard(client)
+                self._sockets.discard(upstream)
+            for sock in (client, upstream):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()

@@ -49,7 +49,12 @@ def test_health_readiness_and_metrics(service: ExtenderService) -> None:
 
 def test_not_ready_until_every_watch_has_listed(config) -> None:
     svc = ExtenderService(config, InMemoryCluster(config))
-    assert TestClient(create_app(svc)).get("/readyz").status_code == 503
+    reply = TestClient(create_app(svc)).get("/readyz")
+    assert reply.status_code == 503
+    assert reply.json() == {
+        "ready": False,
+        "waiting_for": ["nodes", "topologies", "ledgers", "pods", "policies", "namespaces"],
+    }
 
 
 def test_a_gpu_node_without_topology_record_is_exported(
