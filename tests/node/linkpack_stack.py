@@ -11,6 +11,7 @@ which container holds which device IDs (the account dcgm-exporter reads), and
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -35,6 +36,9 @@ from tests.node.real_node import DEVICE_PLUGIN_DIR, RealNode
 MACHINE = "dgx-a100"
 
 
+_RUNS = itertools.count(1)  # numbers the log files of the session's processes
+
+
 @dataclass
 class AgentProcess:
     """`python -m node_agent --simulate <machine>` for the real node."""
@@ -54,7 +58,7 @@ class AgentProcess:
         return self.node.log_dir / f"node-agent-{self.runs}.log"
 
     def start(self) -> None:
-        self.runs += 1
+        self.runs = next(_RUNS)
         self.port = free_port()
         base = self.node.base
         argv = [
@@ -129,13 +133,13 @@ class LinkpackStack:
         core = client.CoreV1Api(self.cp.api_client())
 
         def advertised() -> bool:
-            allocatable = core.read_node(self.node.node).status.allocatable or {}
-            return str(allocatable.get("nvidia.com/gpu")) == "8"
+            capacity = core.read_node(self.node.node).status.capacity or {}
+            return str(capacity.get("nvidia.com/gpu")) == "8"
 
         wait_for(advertised, 60, "the kubelet to advertise the plugin's GPUs")
 
     def start_extender(self, port: int = 0) -> None:
-        self.extender_runs += 1
+        self.extender_runs = next(_RUNS)
         log = self.cp.log_dir / f"extender-node-{self.extender_runs}.log"
         self.extender = ExtenderProcess(self.cp.kubeconfig_path, log, extender_tls(self.cp), port)
         self.extender.start()
@@ -152,7 +156,8 @@ class LinkpackStack:
 
     def stop(self) -> None:
         self.cp.stop_scheduler()
-        self.extender.kill()
+        if hasattr(self, "extender"):
+            self.extender.kill()
         self.agent.stop()
 
     # ------------------------------------------------------------------ reading the node
@@ -181,8 +186,8 @@ def env_of(log: str) -> dict[str, str]:
 @contextlib.contextmanager
 def running_stack(node: RealNode) -> Iterator[LinkpackStack]:
     stack = LinkpackStack(node)
-    stack.start()
     try:
+        stack.start()
         yield stack
     finally:
         stack.stop()

@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,9 +47,20 @@ class RealNodeError(RuntimeError):
     """The node could not be started; the message carries the log tail."""
 
 
+_HELD_HERE = threading.local()
+
+
 @contextlib.contextmanager
 def node_lock(timeout_s: float = 600.0) -> Iterator[None]:
-    """Hold the machine's one kubelet slot (the fixed device-plugin directory)."""
+    """Hold the machine's one kubelet slot (the fixed device-plugin directory) against other
+    processes; re-entrant within a thread (whoever holds it here decides who uses the slot)."""
+    if getattr(_HELD_HERE, "depth", 0):
+        _HELD_HERE.depth += 1
+        try:
+            yield
+        finally:
+            _HELD_HERE.depth -= 1
+        return
     NODE_LOCK.parent.mkdir(parents=True, exist_ok=True)
     with NODE_LOCK.open("a") as handle:
         deadline = time.monotonic() + timeout_s
@@ -60,9 +72,11 @@ def node_lock(timeout_s: float = 600.0) -> Iterator[None]:
                 if time.monotonic() > deadline:
                     raise RealNodeError(f"another test process holds {NODE_LOCK}") from None
                 time.sleep(1)
+        _HELD_HERE.depth = 1
         try:
             yield
         finally:
+            _HELD_HERE.depth = 0
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
