@@ -2,7 +2,7 @@
 with graceful and forced deletions while the kubelet, the node agent and the extender restart.
 Asserted: no admission rejection, no GPU held whole by two pods at once, no cordoned or unhealthy
 GPU handed out, every container's environment matching the kubelet's account and its record,
-every pod run. The report (with creation-to-Running times) is written beside the cluster logs."""
+every pod run. The report (with creation-to-Running times) is written to build/reports/."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.controlplane import temporary_namespace
+from tests.cluster.controlplane import REPO_ROOT, temporary_namespace
 from tests.node.churn import ChurnPlan, markdown, run_churn
 from tests.node.linkpack_stack import LinkpackStack, running_stack
 from tests.node.real_node import RealNode
+
+REPORT_DIR = REPO_ROOT / "build" / "reports"
 
 pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.timeout(900)]
 
@@ -32,8 +34,9 @@ def test_churn_with_restarts_and_forced_deletions(churn_stack: LinkpackStack) ->
     with temporary_namespace(churn_stack.cp.api_client(), prefix="churn-") as namespace:
         report = run_churn(churn_stack, namespace, plan)
     text = markdown(report, plan)
-    (churn_stack.cp.log_dir / "node-churn.md").write_text(text + "\n")
-    (churn_stack.cp.log_dir / "node-churn.json").write_text(json.dumps(report.summary(), indent=1) + "\n")
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    (REPORT_DIR / "node-churn.md").write_text(text + "\n")
+    (REPORT_DIR / "node-churn.json").write_text(json.dumps(report.summary(), indent=1) + "\n")
     print("\n" + text)
     assert report.admission_rejections == 0, report.rejected
     assert report.double_holds == 0, report.double_hold_examples
