@@ -7,7 +7,8 @@ A stamp (hash of go.mod and go.sum) decides whether a cached build is current; a
 parallel test processes from building twice. etcd comes from `$PATH`, else from Debian's
 `etcd-server` package (installed with apt-get as root, or through `sudo -n`).
 
-Run `python -m tests.cluster.binaries` to build ahead of a test run.
+The kubelet (for the real-node tests, `tests/node/`) is built the same way on its own stamp
+(`build_kubelet`). Run `python -m tests.cluster.binaries` to build ahead of a test run.
 """
 
 from __future__ import annotations
@@ -313,6 +314,8 @@ def main() -> None:
     print(f"kube-apiserver {binaries.apiserver}")
     print(f"kube-scheduler {binaries.scheduler}")
     print(f"etcd           {binaries.etcd}")
+    if os.geteuid() == 0:  # the real-node tests (tests/node) run only as root
+        print(f"kubelet        {build_kubelet()}")
 
 
 if __name__ == "__main__":
