@@ -86,8 +86,8 @@ def held_outside(
     by_key = {key: uid for uid, (key, _) in ledger.items()}
     out: list[GpuGrant] = []
     for held in holds.pods:
-        uid = held.uid if held.uid in ledger else by_key.get(held.key, "") if not held.uid else ""
-        if not uid:
+        uid = held.uid if held.uid else by_key.get(held.key, "")  # a name-only hold goes by name
+        if uid not in ledger:
             out.extend(held.grants)
             continue
         carried = {_device(g) for g in ledger[uid][1]}
