@@ -170,6 +170,11 @@ def decode_consumption(text: str) -> Consumption:
     )
 
 
+def decode_grant(raw: object, position: int) -> GpuGrant:
+    """One GPU grant in the `gpus` form of an allocation record (also used by `contract.handoff`)."""
+    return _decode_grant(raw, position)
+
+
 def _decode_grant(raw: object, position: int) -> GpuGrant:
     where = f"allocation: gpus[{position}]"
     if not isinstance(raw, dict):

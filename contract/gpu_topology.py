@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from contract.handoff import HoldsError, NodeHolds, decode_holds, encode_holds
 from contract.keys import (
     AGENT_COMPONENT,
     MANAGED_BY_LABEL,
@@ -71,6 +72,7 @@ class TopologyStatus:
     cordon_problems: tuple[str, ...] = ()
     label_conflicts: tuple[str, ...] = ()  # node labels the agent would set but someone else holds
     heartbeat: str = ""  # RFC 3339; "" when never written
+    holds: NodeHolds | None = None  # pods the kubelet still holds our devices for (None: not reported)
 
     @property
     def unhealthy(self) -> frozenset[int]:
@@ -114,6 +116,8 @@ def encode_status(status: TopologyStatus, *, with_heartbeat: bool = True) -> dic
         "cordonProblems": list(status.cordon_problems),
         "labelConflicts": list(status.label_conflicts),
     }
+    if status.holds is not None:
+        doc["held"] = encode_holds(status.holds)
     if with_heartbeat and status.heartbeat:
         doc["heartbeat"] = status.heartbeat
     return doc
@@ -153,7 +157,17 @@ def decode_status(raw: object, node: str = "?") -> TopologyStatus:
             for i, c in enumerate(_list(doc.get("labelConflicts"), f"{where}.labelConflicts"))
         ),
         heartbeat=_str(doc.get("heartbeat", ""), f"{where}.heartbeat"),
+        holds=_holds(doc.get("held"), f"{where}.held"),
     )
+
+
+def _holds(raw: object, where: str) -> NodeHolds | None:
+    if raw is None:
+        return None
+    try:
+        return decode_holds(raw, where)
+    except HoldsError as exc:
+        raise GpuTopologyError(str(exc)) from exc
 
 
 def topology_object(node: str, topology: NodeTopology, resource_version: str = "") -> dict[str, Any]:

@@ -17,6 +17,9 @@ TOPOLOGY_HASH_ANNOTATION = "linkpack.io/topology-hash"
 ALLOCATION_ANNOTATION = "linkpack.io/allocation"
 #: Which containers the node's device plugin handed the allocation to.
 CONSUMED_ANNOTATION = "linkpack.io/consumed"
+#: Set by the extender on pods waiting for GPUs when a node's GPUs come back (the scheduler cannot
+#: see capacity the extender frees, so the update is what makes it retry them); a number.
+CAPACITY_FREED_ANNOTATION = "linkpack.io/capacity-freed"
 #: The scheduling policy a pod runs under.
 POLICY_ANNOTATION = "linkpack.io/policy"
 #: Ask for GPUs close to this NIC.

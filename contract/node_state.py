@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from contract.cordons import Cordons
 from contract.gpu_topology import PublishedTopology
+from contract.handoff import admits_pods
 from topology.accounting import Overcommit, node_state_from_grants
 from topology.scheduling import GpuGrant, NodeState, PowerLimit
 
@@ -19,10 +20,10 @@ from topology.scheduling import GpuGrant, NodeState, PowerLimit
 def unavailable_by_operator(
     published: PublishedTopology, cordons: Cordons, unschedulable: bool
 ) -> frozenset[int]:
-    """GPU indices an operator keeps out of new placements (cordoned GPUs, or all of an
-    unschedulable Node)."""
+    """GPU indices kept out of new placements: cordoned GPUs, or all of an unschedulable Node or
+    of a node whose device plugin does not take new pods now (`contract.handoff`)."""
     gpus = published.topology.gpus
-    if unschedulable:
+    if unschedulable or not admits_pods(published.status.holds):
         return frozenset(g.index for g in gpus)
     return cordons.indices((g.index, g.uuid) for g in gpus)
 

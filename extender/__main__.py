@@ -40,6 +40,7 @@ def handlers_for(service: ExtenderService) -> WatchHandlers:
         policy_deleted=s.remove_policy,
         namespace=s.apply_namespace,
         namespace_deleted=s.remove_namespace,
+        pods_revision=s.apply_pods_revision,
     )
 
 
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         target=api.run_watches, args=(handlers_for(service), stopping.is_set), name="watches", daemon=True
     ).start()
     threading.Thread(
-        target=run_reconciler, args=(service, stopping.is_set), name="reconciler", daemon=True
+        target=run_reconciler, args=(service, stopping.is_set, 1.0), name="reconciler", daemon=True
     ).start()
     try:
         asyncio.run(serve_all(servers(service, api, config, tls, args.log_level)))

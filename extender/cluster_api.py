@@ -53,6 +53,8 @@ class WatchHandlers:
     policy_deleted: Callable[[str], None]
     namespace: Callable[[str, str | None], None]  # name, default policy it names
     namespace_deleted: Callable[[str], None]
+    #: the resourceVersion up to which every pod event has been applied (`contract.handoff`)
+    pods_revision: Callable[[str], None] = lambda revision: None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +106,11 @@ class ClusterApi(AccessReviewer, Protocol):
     def record_event(
         self, namespace: str, pod: str, uid: str, reason: str, message: str, warning: bool
     ) -> None: ...
+
+    def nudge_pod(self, namespace: str, name: str, uid: str, value: str) -> None:
+        """Set `linkpack.io/capacity-freed` on a pending pod so that kube-scheduler tries it again
+        (best effort: failures are logged, never raised)."""
+        ...
 
     def run_watches(self, handlers: WatchHandlers, stop: Callable[[], bool]) -> None:
         """List and watch everything the extender tracks until `stop()` is true (blocking)."""

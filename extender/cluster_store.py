@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from contract.gpu_topology import PublishedTopology
+from contract.handoff import held_outside, revision_at_least
 from contract.ledger import Ledger
 from contract.node_state import build_node_state
 from contract.scheduling_policy import SchedulingPolicy
@@ -55,6 +56,9 @@ class ClusterStore:
         self._policies: dict[str, SchedulingPolicy | str] = {}
         self._namespace_defaults: dict[str, str] = {}
         self._book: PolicyBook = PolicyBook()
+        self._pods_revision = ""  # of the last pod event applied or about to be (`contract.handoff`)
+        self._departures: dict[str, str] = {}  # pod uid -> pods revision when its departure was seen
+        self._admitting: dict[str, bool] = {}  # node -> whether it took new pods at the last look
 
     # ------------------------------------------------------------------ writers
 
@@ -107,6 +111,29 @@ class ClusterStore:
             for name, parts in self._parts.items():
                 if parts.in_flight.pop(uid, None) is not None:
                     self._bump(name, parts)
+
+    def apply_pods_revision(self, revision: str) -> None:
+        """The pods watch is at `revision` (told before the event of that revision is applied)."""
+        with self._lock:
+            if not revision_at_least(self._pods_revision, revision) or not self._pods_revision:
+                self._pods_revision = revision
+
+    def note_departure(self, uid: str) -> str:
+        """The pods revision when this pod's departure was first noted (call after the snapshot
+        that shows the departure): the node must have looked at or after it (`contract.handoff`)."""
+        with self._lock:
+            return self._departures.setdefault(uid, self._pods_revision)
+
+    def note_admitting(self, node: str, admitting: bool) -> bool:
+        """Remember whether the node takes new pods; True when it just started to again."""
+        with self._lock:
+            before = self._admitting.get(node, True)
+            self._admitting[node] = admitting
+            return admitting and not before
+
+    def forget_departures(self, keep: set[str]) -> None:
+        with self._lock:
+            self._departures = {uid: rv for uid, rv in self._departures.items() if uid in keep}
 
     def begin_bind(self, node: str, uid: str, grants: tuple[GpuGrant, ...]) -> None:
         """Count a bind's grants as taken until its ledger commit is seen or it is abandoned."""
@@ -213,6 +240,13 @@ class ClusterStore:
             grants: list[GpuGrant] = list(parts.ledger.grants()) if parts.ledger is not None else []
             for in_flight in parts.in_flight.values():
                 grants.extend(in_flight)
+            # what the node still holds beyond the ledger (departed pods, swapped records) is not free
+            carried = (
+                {e.pod_uid: (f"{e.namespace}/{e.name}", e.allocation.grants) for e in parts.ledger.entries}
+                if parts.ledger
+                else {}
+            )
+            grants.extend(held_outside(parts.published.status.holds, carried))
             facts = parts.facts
             state, overcommits = build_node_state(
                 parts.published,

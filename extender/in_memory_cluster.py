@@ -41,7 +41,9 @@ class InMemoryCluster:
         self._nodes: dict[str, NodeFacts] = {}
         self._topologies: dict[str, PublishedTopology] = {}
         self._handlers: list[WatchHandlers] = []
+        self._pods_revision = 0  # bumped with every pod change, told to the watchers first
         self.events: list[RecordedEvent] = []
+        self.nudged: list[tuple[str, str, str]] = []  # (namespace, name, value) of nudge_pod calls
         self.fail_next_bind: str = ""
         # bearer token -> (identity, the debug subresources it may use), for debug access tests
         self.tokens: dict[str, tuple[Identity, frozenset[str]]] = {}
@@ -108,7 +110,9 @@ class InMemoryCluster:
             pod = self._pods.pop((namespace, name), None)
             if pod is None:
                 raise ApiNotFound(f"pod {namespace}/{name} not found")
+            revision = self._next_revision()
             for h in self._handlers:
+                h.pods_revision(revision)
                 h.pod_deleted(pod["metadata"]["uid"])
 
     def pods(self) -> list[dict[str, Any]]:
@@ -180,6 +184,10 @@ class InMemoryCluster:
         with self._lock:
             self.events.append(RecordedEvent(namespace, pod, reason, message, warning))
 
+    def nudge_pod(self, namespace: str, name: str, uid: str, value: str) -> None:
+        with self._lock:
+            self.nudged.append((namespace, name, value))
+
     def review_token(self, token: str) -> Identity | None:
         with self._lock:
             known = self.tokens.get(token)
@@ -218,5 +226,16 @@ class InMemoryCluster:
         if not pod_is_tracked(pod, self._config):
             return
         view: TrackedPod = tracked_pod(pod)
+        revision = self._next_revision()
         for h in self._handlers:
+            h.pods_revision(revision)
             h.pod(view)
+
+    def _next_revision(self) -> str:
+        """The revision of the next pod change (as etcd's, a growing number)."""
+        self._pods_revision += 1
+        return str(self._pods_revision)
+
+    @property
+    def pods_revision(self) -> str:
+        return str(self._pods_revision)

@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from contract.keys import (
+    CAPACITY_FREED_ANNOTATION,
     EXTENDER_COMPONENT,
     GROUP,
     LEDGER_LABEL,
@@ -183,6 +184,13 @@ class KubeClusterApi:
             raise _translate(exc, f"bind {namespace}/{name} to {node}") from exc
         if not 200 <= resp.status < 300:
             raise ApiError(f"bind {namespace}/{name} to {node}: HTTP {resp.status}")
+
+    def nudge_pod(self, namespace: str, name: str, uid: str, value: str) -> None:
+        body = {"metadata": {"uid": uid, "annotations": {CAPACITY_FREED_ANNOTATION: value}}}
+        try:
+            self._core.patch_namespaced_pod(name, namespace, body, _preload_content=False)
+        except _FAILURES as exc:
+            log.info("could not nudge pod %s/%s: %s", namespace, name, exc)
 
     def record_event(
         self, namespace: str, pod: str, uid: str, reason: str, message: str, warning: bool
@@ -381,4 +389,11 @@ class KubeClusterApi:
             elif pod_is_tracked(obj, cfg):
                 h.pod(tracked_pod(obj))
 
-        return Sink("pods", sink, h.synced, lambda o: str(o["metadata"].get("uid") or ""), h.pod_deleted)
+        return Sink(
+            "pods",
+            sink,
+            h.synced,
+            lambda o: str(o["metadata"].get("uid") or ""),
+            h.pod_deleted,
+            h.pods_revision,
+        )

@@ -40,8 +40,12 @@ class Sink:
         synced: Callable[[str], None],
         key: Callable[[Mapping[str, Any]], str],
         vanished: Callable[[str], None],
+        revision: Callable[[str], None] | None = None,
     ) -> None:
         self.kind, self.apply, self.synced, self.key, self.vanished = kind, apply, synced, key, vanished
+        #: told each event's resourceVersion just before the event is applied (and a list's before
+        #: its items), so whoever sees an applied event reads a revision at least its own
+        self.revision = revision
 
 
 class ListWatch:
@@ -78,6 +82,9 @@ class ListWatch:
     def _relist(self) -> str:
         raw = self._list(_preload_content=False)
         doc = json.loads(raw.data)
+        rv = str((doc.get("metadata") or {}).get("resourceVersion") or "")
+        if self._sink.revision is not None and rv:
+            self._sink.revision(rv)
         seen: set[str] = set()
         for item in doc.get("items") or []:
             self._sink.apply("ADDED", item)
@@ -85,7 +92,7 @@ class ListWatch:
         for gone in sorted(self._known - seen):
             self._sink.vanished(gone)
         self._known = seen
-        return str((doc.get("metadata") or {}).get("resourceVersion") or "")
+        return rv
 
     def _watch(self, rv: str) -> None:
         deadline = time.monotonic() + self._cfg.resync_period_s
@@ -102,6 +109,8 @@ class ListWatch:
                         raise ApiError(f"watch {self.kind}: {obj.get('message')}")
                     meta = obj.get("metadata") or {}
                     rv = str(meta.get("resourceVersion") or rv)
+                    if self._sink.revision is not None and rv:
+                        self._sink.revision(rv)
                     if kind == "BOOKMARK":
                         continue
                     self._sink.apply(str(kind), obj)

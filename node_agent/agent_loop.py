@@ -20,6 +20,7 @@ from typing import Any
 
 from contract.cordons import parse_cordons
 from contract.gpu_topology import TopologyStatus, encode_status
+from contract.handoff import NodeHolds
 from contract.keys import CORDON_ANNOTATION
 from node_agent.config import AgentConfig, agent_version
 from node_agent.health import (
@@ -102,6 +103,11 @@ class Agent:
         self.last_loop_at = clock()
         if self.publisher is not None:
             self.publisher.load_existing()
+        # What the node holds (`contract.handoff`): until the device plugins have asked the
+        # kubelet, what the object said at start, so a restart releases nothing unconfirmed;
+        # `wiring` points this at the plugins, or at nothing when they do not run.
+        inherited = self.publisher.inherited_holds if self.publisher is not None else None
+        self.node_holds: Callable[[], NodeHolds | None] = lambda: inherited
 
     @property
     def topology(self) -> NodeTopology:
@@ -123,6 +129,7 @@ class Agent:
             cuda_driver_version=self.driver.cuda_driver_version,
             power=self.power.limits,
             label_conflicts=self._label_conflicts,
+            holds=self.node_holds(),
         )
 
     def add_health_listener(self, listener: HealthListener) -> None:
@@ -347,6 +354,10 @@ class Agent:
                 message = "; ".join(reports)
                 log.warning("%s", message)
                 self._emit(AgentEvent("LabelConflict", message, "Node", self.config.node_name, warning=True))
+
+    def publish_now(self) -> None:
+        """Publish the current status now (e.g. before the device plugins stop)."""
+        self._publish()
 
     def _publish(self) -> None:
         health = self.tracker.snapshot()

@@ -145,13 +145,19 @@ class KubernetesNodeApi:
         )
 
     def list_node_pods(self, node: str) -> tuple[PodInfo, ...]:
+        return self.list_node_pods_with_revision(node)[0]
+
+    def list_node_pods_with_revision(self, node: str) -> tuple[tuple[PodInfo, ...], str]:
+        """The node's pods and the resourceVersion of the list (`contract.handoff`)."""
         listed = self._guard(
             f"list pods on {node}",
             self._core.list_pod_for_all_namespaces,
             field_selector=f"spec.nodeName={node}",
         )
-        items = self._plain(listed).get("items") or []
-        return tuple(pod_from_dict(item, self._wanted) for item in items)
+        plain = self._plain(listed)
+        items = plain.get("items") or []
+        revision = str((plain.get("metadata") or {}).get("resourceVersion") or "")
+        return tuple(pod_from_dict(item, self._wanted) for item in items), revision
 
     def get_pod(self, namespace: str, name: str) -> PodInfo | None:
         try:

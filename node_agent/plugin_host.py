@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract.handoff import NodeHolds
 from contract.resources import DEFAULT_UNITS_PER_GPU, ResourceNames
 from node_agent.deviceplugin.broker import AllocationBroker, BrokerCounters
 from node_agent.deviceplugin.container_spec import SharingConfig
@@ -140,6 +141,22 @@ class DevicePluginHost:
     def stop(self) -> None:
         with self._lock:
             self._stop()
+
+    def drain(self, publish: Callable[[], None], timeout_s: float = 15.0, at_least_s: float = 2.0) -> None:
+        """Before stopping: report that no new pods are taken, `publish` that, and wait until the
+        pods already bound here are admitted by the kubelet (so none meets a missing plugin)."""
+        plugins = self._plugins
+        if plugins is None:
+            return
+        plugins.broker.begin_drain()
+        publish()
+        if not plugins.broker.wait_admitted(timeout_s, at_least_s):
+            log.warning("stopping the device plugins with pods bound here not yet admitted")
+
+    def holds(self) -> NodeHolds | None:
+        """What the kubelet holds of our devices, as last reported (`contract.handoff`)."""
+        plugins = self._plugins
+        return plugins.broker.holds() if plugins is not None else None
 
     def stats(self) -> DevicePluginStats:
         with self._lock:

@@ -53,14 +53,25 @@ class KubePodRecords:
         self._lock = threading.Lock()
         self._seen: dict[str, PodInfo] = {}  # by uid, from the last listing or write
         self._reported: set[tuple[str, str]] = set()  # (uid, spec problem) already logged
+        self._revision: str | None = None
+
+    def listing_revision(self) -> str | None:
+        """The resourceVersion of the last listing (None when the API does not say)."""
+        with self._lock:
+            return self._revision
 
     def list_bound_pods_on_node(self) -> Sequence[BoundPod]:
+        with_revision = getattr(self._api, "list_node_pods_with_revision", None)
         try:
-            pods = self._api.list_node_pods(self._node)
+            if callable(with_revision):
+                pods, revision = with_revision(self._node)
+            else:
+                pods, revision = self._api.list_node_pods(self._node), None
         except KubeError as exc:
             raise RecordStoreError(f"cannot list the pods of node {self._node}: {exc}") from exc
         current = [p for p in pods if not p.finished and p.node_name in (self._node, "")]
         with self._lock:
+            self._revision = revision or None
             self._seen = {p.uid: p for p in current}
             self._reported = {r for r in self._reported if r[0] in self._seen}  # forget departed pods
             for p in current:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from contract.gpu_topology import GpuHealthEntry, GpuPower, TopologyStatus
+from contract.handoff import NodeHolds
 from node_agent.health import GpuHealth
 from node_agent.kube import KubeError, NodeApi, rfc3339
 from node_agent.sources.nvml_reader import PowerLimits
@@ -85,6 +86,7 @@ def node_status(
     cuda_driver_version: str = "",
     power: Sequence[tuple[int, PowerLimits]] = (),
     label_conflicts: Sequence[str] = (),
+    holds: NodeHolds | None = None,
 ) -> TopologyStatus:
     """The status this node publishes (without its heartbeat). `power`: each GPU's limits by
     index, for the GPUs whose limits are known."""
@@ -99,6 +101,7 @@ def node_status(
         gpu_power=tuple(GpuPower(i, p.limit_w, p.min_w, p.max_w) for i, p in power),
         cordon_problems=tuple(cordon_problems),
         label_conflicts=tuple(label_conflicts),
+        holds=holds,
     )
 
 
@@ -123,6 +126,8 @@ class Publisher:
         self._interval = heartbeat_interval_s
         self._clock = clock
         self.published = Published()
+        #: what the object said the node held when this agent started (`contract.handoff`)
+        self.inherited_holds: NodeHolds | None = None
 
     def load_existing(self) -> str:
         """Learn the hash of an existing object so an unchanged spec is not rewritten. '' if none
@@ -133,6 +138,7 @@ class Publisher:
             return ""
         if found is not None:
             self.published = Published(spec_hash=found.content_hash)
+            self.inherited_holds = found.status.holds
             return found.content_hash
         return ""
 

@@ -89,12 +89,15 @@ def start_device_plugins(config: AgentConfig, agent: Agent, api: NodeApi | None)
     """
     if not config.device_plugin:
         log.info("device plugins off (--no-device-plugin)")
+        agent.node_holds = lambda: None
         return None
     if api is None:
         log.info("device plugins off: no cluster to read allocation records from")
+        agent.node_holds = lambda: None
         return None
     if not Path(config.device_plugin_dir).is_dir():  # checked first: no shim is installed then
         log.error("device plugins off: %s is not a directory (is a kubelet here?)", config.device_plugin_dir)
+        agent.node_holds = lambda: None
         return None
     shim_dir = prepare_shim(config.shim_host_dir)
     interposer_dir = prepare_interposer(config.interposer_lib, shim_dir)
@@ -106,12 +109,23 @@ def start_device_plugins(config: AgentConfig, agent: Agent, api: NodeApi | None)
         KubePodRecords(api, config.node_name),
     )
     if not host.start(agent.topology, agent.health()):
+        agent.node_holds = lambda: None
         return None
+    if config.pod_resources_socket:
+        inherited = agent.node_holds()
+        agent.node_holds = lambda: host.holds() or inherited
+    else:
+        agent.node_holds = lambda: None  # nothing to tell what the kubelet holds
     if interposer_dir is not None:
         agent.interposer_ready = lambda: interposer_installed(interposer_dir)
     agent.metrics.watch_device_plugins(host.stats)
     agent.add_health_listener(host.update)
-    return host.stop
+
+    def stop() -> None:
+        host.drain(agent.publish_now)
+        host.stop()
+
+    return stop
 
 
 def main(argv: Sequence[str] | None = None) -> int:

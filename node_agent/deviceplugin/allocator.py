@@ -281,13 +281,32 @@ def consumption_of(state: AllocatorState, record: RecordKey) -> Consumption:
 
 
 def release_departed(
-    state: AllocatorState, present: Iterable[str], now: float, grace_s: float
+    state: AllocatorState,
+    present: Iterable[str],
+    now: float,
+    grace_s: float,
+    kubelet_active: Iterable[tuple[str, str]] | None = None,
 ) -> AllocatorState:
-    """Forget what pods no longer on the node held; a pod must be missing for `grace_s` after its
+    """Forget what pods no longer on the node held.
+
+    With the kubelet's account (`kubelet_active`: (namespace, name) of the pods its
+    pod-resources List names with our devices) a pod missing from the API listing (deleted, or
+    finished) is released at once when the kubelet no longer holds devices for it, and kept as
+    long as it does (a terminating pod, or one deleted with --force whose containers still
+    run). Without it (no pod-resources socket), a pod must be missing for `grace_s` after its
     handout first (so a listing that lags behind a fresh bind does not release it)."""
     alive = set(present)
-    holds = tuple(h for h in state.holds if h.holder.uid in alive or now - h.since < grace_s)
-    handouts = tuple(h for h in state.handouts if h.holder.uid in alive or now - h.at < grace_s)
+    active = set(kubelet_active) if kubelet_active is not None else None
+
+    def keep(holder: PodRef, since: float) -> bool:
+        if holder.uid in alive:
+            return True
+        if active is not None:
+            return (holder.namespace, holder.name) in active
+        return now - since < grace_s
+
+    holds = tuple(h for h in state.holds if keep(h.holder, h.since))
+    handouts = tuple(h for h in state.handouts if keep(h.holder, h.at))
     if holds == state.holds and handouts == state.handouts:
         return state
     return AllocatorState(handouts, holds)

@@ -15,14 +15,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from contract.allocation import Allocation, Consumption
+from contract.handoff import NodeHolds
 from contract.pods import PodRef
 from node_agent.deviceplugin.allocator import (
     AllocatorState,
     RecordKey,
+    candidates,
     choose_slot,
     consume,
     consumption_of,
@@ -32,6 +34,7 @@ from node_agent.deviceplugin.allocator import (
     resync,
 )
 from node_agent.deviceplugin.container_spec import ContainerSpec, SharingConfig, container_spec
+from node_agent.deviceplugin.holds import kubelet_active, node_holds, report_holds
 from node_agent.deviceplugin.inventory import Inventory
 from node_agent.deviceplugin.reconcile import KubeletAssignment, Reconciliation, Rewrite, reconcile
 from node_agent.deviceplugin.record_store import BoundPod, PodRecordStore, RecordStoreError
@@ -40,6 +43,9 @@ from node_agent.interposer_lib import interposer_installed
 from node_agent.mps import mps_active
 
 log = logging.getLogger("linkpack.deviceplugin")
+
+#: The kubelet's pod-resources account of our devices; raises OSError when it cannot be asked.
+KubeletAccount = Callable[[], Sequence[KubeletAssignment]]
 
 
 class AllocationRefused(Exception):
@@ -70,9 +76,14 @@ class AllocationBroker:
         clock: Callable[[], float] = time.time,
         departure_grace_s: float = 60.0,
         mps_ready: Callable[[], bool] | None = None,
+        kubelet_account: KubeletAccount | None = None,
+        holds_refresh_s: float = 5.0,
     ) -> None:
         """`mps_ready`: whether MPS serves this node now, asked at each share handout (default: the
-        configured pipe directory exists, `node_agent.mps`)."""
+        configured pipe directory exists, `node_agent.mps`). `kubelet_account`: the kubelet's
+        pod-resources List; with it departed pods release at once when the kubelet no longer holds
+        them (else after `departure_grace_s`), a request that no record fits is retried after
+        such a release, and `holds()` reports what the node holds (`contract.handoff`)."""
         self.inventory = inventory
         self.sharing = sharing or SharingConfig()
         self._mps_ready = mps_ready or (lambda: mps_active(self.sharing.mps_pipe_dir))
@@ -88,6 +99,13 @@ class AllocationBroker:
         self._pending_rewrites: dict[str, Rewrite] = {}
         self._reported: set[tuple[str, int, str]] = set()
         self._unresolved_seen: set[str] = set()
+        self.kubelet_account = kubelet_account
+        self._holds_refresh_s = holds_refresh_s
+        self._holds: NodeHolds | None = None
+        self._holds_at = 0.0
+        self._draining = False
+        #: whether every plugin is registered with the kubelet now (set by the plugin watcher)
+        self.registered = True
 
     @property
     def state(self) -> AllocatorState:
@@ -109,6 +127,8 @@ class AllocationBroker:
             except RecordStoreError as exc:
                 log.warning("cannot read this node's pods, preferring no record's devices: %s", exc)
                 records = ()
+            if not candidates(resource, size, records, self._state, self.inventory):
+                records = self._refreshed(records)
             return preferred_ids(
                 resource, available, must_include, size, records, self._state, self.inventory
             )
@@ -122,6 +142,9 @@ class AllocationBroker:
                 self.counters.refusals += 1
                 raise AllocationRefused(f"cannot read this node's pods: {exc}") from exc
             slot = choose_slot(resource, device_ids, records, self._state, self.inventory)
+            if slot is None:
+                records = self._refreshed(records)
+                slot = choose_slot(resource, device_ids, records, self._state, self.inventory)
             if slot is None:
                 self.counters.refusals += 1
                 raise AllocationRefused(
@@ -152,20 +175,104 @@ class AllocationBroker:
 
     def reconcile(self, kubelet: Sequence[KubeletAssignment] | None = None) -> Reconciliation | None:
         """Release what departed pods held, retry write-backs, and check our handouts against the
-        kubelet's own account when it is available. Returns what the check found. Raises
-        RecordStoreError when the pods cannot be listed (nothing is changed then)."""
+        kubelet's own account when it is available (given, or else asked through
+        `kubelet_account` after the pods were listed). Returns what the check found, and updates
+        `holds()`. Raises RecordStoreError when the pods cannot be listed (nothing is changed then)."""
         outcome: Reconciliation | None = None
         with self._lock:
             pods = self._list()
+            revision = self._listing_revision()
+            if kubelet is None:
+                kubelet = self._ask_kubelet()
             now = self._clock()
-            self._state = release_departed(self._state, (p.ref.uid for p in pods), now, self._grace_s)
+            active = kubelet_active(kubelet) if kubelet is not None else None
+            self._state = release_departed(self._state, (p.ref.uid for p in pods), now, self._grace_s, active)
             present = {p.ref.uid for p in pods}
             self._overrides = {uid: a for uid, a in self._overrides.items() if uid in present}
             if kubelet is not None:
                 outcome = reconcile(self._state, self._records(pods), kubelet, now)
                 self._apply(outcome)
+                if revision is not None:
+                    uids = {(p.ref.namespace, p.ref.name): p.ref.uid for p in pods}
+                    admitting = self.registered and not self._draining
+                    current = node_holds(revision, kubelet, self._state, uids, self.inventory, admitting)
+                    self._holds, self._holds_at = report_holds(
+                        self._holds, self._holds_at, current, now, self._holds_refresh_s
+                    )
+            elif self.kubelet_account is not None and self._holds is not None:
+                # the kubelet cannot be asked (restarting?): keep what it held, take no new pods
+                self._holds = replace(self._holds, admitting=False)
         self._flush()
         return outcome
+
+    def kubelet_unreachable(self) -> None:
+        """The kubelet does not answer (restarting?): keep what it held, report no new pods."""
+        with self._lock:
+            if self._holds is not None and self._holds.admitting:
+                self._holds = replace(self._holds, admitting=False)
+
+    def begin_drain(self) -> None:
+        """Stop taking new pods (reported in `holds()`): the plugins are about to stop."""
+        with self._lock:
+            self._draining = True
+            previous = self._holds or NodeHolds("")
+            self._holds = replace(previous, admitting=False)
+
+    def wait_admitted(self, timeout_s: float, at_least_s: float) -> bool:
+        """Wait (at least `at_least_s`, at most `timeout_s`) until every pod bound here with a
+        record is in the kubelet's account (admitted) or gone; whether that happened."""
+        started = self._clock()
+        while True:
+            pending = self._not_admitted()
+            elapsed = self._clock() - started
+            if (pending == 0 and elapsed >= at_least_s) or elapsed >= timeout_s:
+                return pending == 0
+            time.sleep(0.2)
+
+    def _not_admitted(self) -> int:
+        try:
+            pods = self._list()
+        except RecordStoreError:
+            return 0
+        kubelet = self._ask_kubelet()
+        if kubelet is None:
+            return 0
+        active = kubelet_active(kubelet)
+        with self._lock:
+            records = self._records(pods)
+        return sum(1 for r in records if (r.ref.namespace, r.ref.name) not in active)
+
+    def holds(self) -> NodeHolds | None:
+        """What the node holds as last reported (None: not known, e.g. no pod-resources socket)."""
+        with self._lock:
+            return self._holds
+
+    def _listing_revision(self) -> str | None:
+        revision = getattr(self._store, "listing_revision", None)
+        return revision() if callable(revision) else None
+
+    def _ask_kubelet(self) -> Sequence[KubeletAssignment] | None:
+        if self.kubelet_account is None:
+            return None
+        try:
+            return self.kubelet_account()
+        except OSError as exc:
+            log.info("pod-resources unavailable: %s", exc)
+            return None
+
+    def _refreshed(self, records: tuple[PodRecord, ...]) -> tuple[PodRecord, ...]:
+        """Records and state after a fresh look, when a request fits no record: the pods are
+        listed again and whatever the kubelet no longer holds for departed pods is released."""
+        try:
+            pods = self._list()
+        except RecordStoreError:
+            return records
+        kubelet = self._ask_kubelet()
+        if kubelet is not None:
+            self._state = release_departed(
+                self._state, (p.ref.uid for p in pods), self._clock(), self._grace_s, kubelet_active(kubelet)
+            )
+        return self._records(pods)
 
     def _apply(self, outcome: Reconciliation) -> None:
         self._state = outcome.state

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import socket
 import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -52,8 +53,8 @@ class PluginConfig:
     plugin_dir: str = DEFAULT_PLUGIN_DIR
     pod_resources_socket: str | None = DEFAULT_POD_RESOURCES_SOCKET  # None: no reconciliation with it
     socket_prefix: str = "linkpack"
-    poll_interval_s: float = 1.0  # kubelet.sock and own sockets
-    reconcile_interval_s: float = 30.0
+    poll_interval_s: float = 0.2  # kubelet.sock and own sockets (re-register fast after a kubelet restart)
+    reconcile_interval_s: float = 2.0  # release departed pods, check and report what the kubelet holds
     register_timeout_s: float = 10.0
 
     def socket_name(self, resource: str) -> str:
@@ -234,6 +235,17 @@ class KubeletPodResources:
         self._served = served
         self._timeout_s = timeout_s
 
+    def reachable(self) -> bool:
+        """Whether the kubelet listens on its pod-resources socket (a connect, no call)."""
+        path = self._target.removeprefix("unix://")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(0.5)
+            try:
+                probe.connect(path)
+            except OSError:
+                return False
+        return True
+
     def list(self) -> tuple[KubeletAssignment, ...]:
         """Our resources' assignments; raises OSError when the kubelet cannot be asked."""
         try:
@@ -268,6 +280,8 @@ class DevicePlugins:
             if config.pod_resources_socket
             else None
         )
+        if self._pod_resources is not None:
+            broker.kubelet_account = self._pod_resources.list
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -300,15 +314,10 @@ class DevicePlugins:
             endpoint.socket_path.unlink(missing_ok=True)
 
     def reconcile_now(self) -> None:
-        """Check handouts against the kubelet's pod-resources account (when configured)."""
-        kubelet = None
-        if self._pod_resources is not None:
-            try:
-                kubelet = self._pod_resources.list()
-            except OSError as exc:
-                log.info("pod-resources unavailable, reconciling without it: %s", exc)
+        """Release departed pods and check handouts against the kubelet's pod-resources account
+        (when configured; the broker asks it right after listing the pods)."""
         try:
-            self.broker.reconcile(kubelet)
+            self.broker.reconcile()
         except RecordStoreError as exc:
             log.warning("reconcile skipped, cannot list pods: %s", exc)
 
@@ -330,6 +339,9 @@ class DevicePlugins:
                         unregistered.add(endpoint.resource)
                 if kubelet is not None:
                     unregistered = self._register(unregistered)
+                self.broker.registered = kubelet is not None and not unregistered
+                if self._pod_resources is not None and not self._pod_resources.reachable():
+                    self.broker.kubelet_unreachable()  # take no new pods until it answers again
                 since_reconcile += self.config.poll_interval_s
                 if since_reconcile >= self.config.reconcile_interval_s:
                     since_reconcile = 0.0

@@ -7,7 +7,8 @@ A stamp (hash of go.mod and go.sum) decides whether a cached build is current; a
 parallel test processes from building twice. etcd comes from `$PATH`, else from Debian's
 `etcd-server` package (installed with apt-get as root, or through `sudo -n`).
 
-Run `python -m tests.cluster.binaries` to build ahead of a test run.
+The kubelet (for the real-node tests, `tests/node/`) is built the same way on its own stamp
+(`build_kubelet`). Run `python -m tests.cluster.binaries` to build ahead of a test run.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ Progress = Callable[[str], None]
 
 MODULE_DIR = Path(__file__).resolve().parent / "k8s"
 COMMANDS = ("kube-apiserver", "kube-scheduler")
+#: Built only for the tests that run a real node (`tests/node/`).
+NODE_COMMANDS = ("kubelet",)
 # The usual place of an official Go install, tried when `go` is not on PATH.
 _GO_FALLBACKS = (Path("/usr/local/go/bin/go"),)
 _HEARTBEAT_S = 30.0
@@ -137,11 +140,11 @@ def _file_lock(path: Path, progress: Progress, what: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _binaries_current(directory: Path, stamp: str) -> bool:
-    stamp_file = directory / "stamp"
+def _binaries_current(directory: Path, stamp: str, commands: tuple[str, ...], stamp_name: str) -> bool:
+    stamp_file = directory / stamp_name
     if not stamp_file.exists() or stamp_file.read_text().strip() != stamp:
         return False
-    return all(os.access(directory / command, os.X_OK) for command in COMMANDS)
+    return all(os.access(directory / command, os.X_OK) for command in commands)
 
 
 def _run_with_heartbeat(
@@ -182,13 +185,29 @@ def _run_with_heartbeat(
 
 def build_kubernetes(progress: Progress = _stderr, module_dir: Path = MODULE_DIR) -> tuple[Path, str]:
     """Build (or reuse) kube-apiserver and kube-scheduler; (directory holding them, version)."""
+    return _build_commands(COMMANDS, "stamp", progress, module_dir)
+
+
+def build_kubelet(progress: Progress = _stderr, module_dir: Path = MODULE_DIR) -> Path:
+    """Build (or reuse) the kubelet of the pinned release (a real node's agent; `tests/node/`).
+
+    Built on its own, with its own stamp beside the control plane's, so a control-plane-only run
+    never pays for it (about 6 minutes on 2 cores after the control plane's build).
+    """
+    directory, _ = _build_commands(NODE_COMMANDS, "stamp-kubelet", progress, module_dir)
+    return directory / "kubelet"
+
+
+def _build_commands(
+    commands: tuple[str, ...], stamp_name: str, progress: Progress, module_dir: Path
+) -> tuple[Path, str]:
     version = pinned_version(module_dir)
     stamp = _pin_stamp(module_dir, version)
     directory = build_dir(version)
-    if _binaries_current(directory, stamp):
+    if _binaries_current(directory, stamp, commands, stamp_name):
         return directory, version
     with _file_lock(directory / ".lock", progress, f"building Kubernetes {version}"):
-        if _binaries_current(directory, stamp):  # built by whoever held the lock
+        if _binaries_current(directory, stamp, commands, stamp_name):  # built by whoever held the lock
             return directory, version
         go = find_go()
         for stale in directory.glob("build-*"):  # left by a build that was killed
@@ -200,9 +219,9 @@ def build_kubernetes(progress: Progress = _stderr, module_dir: Path = MODULE_DIR
             "GOFLAGS": "-mod=mod",
         }
         argv = [str(go), "build", *_build_flags(version), "-o", f"{staging}{os.sep}"]
-        argv += [f"k8s.io/kubernetes/cmd/{command}" for command in COMMANDS]
+        argv += [f"k8s.io/kubernetes/cmd/{command}" for command in commands]
         progress(
-            f"building {', '.join(COMMANDS)} {version} into {directory} "
+            f"building {', '.join(commands)} {version} into {directory} "
             "(first run only: several minutes on 2 cores, plus module download)"
         )
         started = time.monotonic()
@@ -211,12 +230,12 @@ def build_kubernetes(progress: Progress = _stderr, module_dir: Path = MODULE_DIR
             if code != 0:
                 tail = "\n".join(output.splitlines()[-40:])
                 raise BinariesError(f"`{' '.join(argv)}` in {module_dir} failed (exit {code}):\n{tail}")
-            for command in COMMANDS:
+            for command in commands:
                 os.replace(staging / command, directory / command)
-            (directory / "stamp").write_text(stamp + "\n")
+            (directory / stamp_name).write_text(stamp + "\n")
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        progress(f"built Kubernetes {version} in {time.monotonic() - started:.0f}s")
+        progress(f"built {', '.join(commands)} {version} in {time.monotonic() - started:.0f}s")
     return directory, version
 
 
@@ -295,6 +314,8 @@ def main() -> None:
     print(f"kube-apiserver {binaries.apiserver}")
     print(f"kube-scheduler {binaries.scheduler}")
     print(f"etcd           {binaries.etcd}")
+    if os.geteuid() == 0:  # the real-node tests (tests/node) run only as root
+        print(f"kubelet        {build_kubelet()}")
 
 
 if __name__ == "__main__":

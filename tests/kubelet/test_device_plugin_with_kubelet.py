@@ -33,6 +33,7 @@ from node_agent.deviceplugin.server import (
     PluginConfig,
     start_device_plugins,
 )
+from tests.node.real_node import node_lock
 from tests.node_agent.builders import (
     MIG_GPU,
     SHARED_GPU,
@@ -126,6 +127,11 @@ def pod_spec(bound: BoundPod) -> dict[str, Any]:
 
 @pytest.fixture
 def node(binary: Path, tmp_path: Path) -> Iterator[Node]:
+    with node_lock():  # the device-plugin directory is the machine's one kubelet slot
+        yield from _node(binary, tmp_path)
+
+
+def _node(binary: Path, tmp_path: Path) -> Iterator[Node]:
     created = [p for p in (DEVICE_PLUGIN_DIR.parent, DEVICE_PLUGIN_DIR) if not p.exists()]
     short = Path(tempfile.mkdtemp(prefix="lp-kl-", dir="/tmp"))  # unix socket paths must stay short
     kubelet = KubeletHarness(binary, tmp_path / "harness.log")

@@ -1,0 +1,72 @@
+"""The whole path on a real node: kube-scheduler asks the extender, the extender binds and
+records GPUs, the kubelet admits the pod through the node agent's device plugin, containerd
+and runc start the container, and the container sees exactly the recorded GPUs; the kubelet's
+own pod-resources account names the same GPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.cluster.controlplane import temporary_namespace, wait_for
+from tests.node.checks import double_counted, kubelet_gpus, visible_gpus
+from tests.node.linkpack_stack import LinkpackStack, env_of, recorded, running_stack, wait_pod_phase
+from tests.node.real_node import RealNode, host_pod, stop_signal_safe
+
+pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def stack(real_node: RealNode) -> Iterator[LinkpackStack]:
+    with running_stack(real_node) as running:
+        yield running
+
+
+@pytest.fixture
+def namespace(stack: LinkpackStack) -> Iterator[str]:
+    with temporary_namespace(stack.cp.api_client(), prefix="node-") as name:
+        yield name
+
+
+def _printed_env(stack: LinkpackStack, core: Any, namespace: str, name: str) -> dict[str, str]:
+    pod = core.read_namespaced_pod(name, namespace)
+
+    def printed() -> dict[str, str]:
+        env = env_of(stack.node.container_log(namespace, name, pod.metadata.uid, "main"))
+        return env if "PATH" in env else {}
+
+    return wait_for(printed, 30, f"{name}'s environment in its log")
+
+
+def test_whole_and_share_pods_see_exactly_their_recorded_gpus(stack: LinkpackStack, namespace: str) -> None:
+    """A 4-GPU, a 2-GPU and a 25-unit share pod on one simulated DGX A100 run; each container's
+    NVIDIA_VISIBLE_DEVICES is its record's GPUs, the kubelet's pod-resources names the same GPUs,
+    and no GPU held whole is counted for a second pod."""
+    core = client.CoreV1Api(stack.cp.api_client())
+    pods = {
+        "four": {"nvidia.com/gpu": "4"},
+        "two": {"nvidia.com/gpu": "2"},
+        "share": {"nvidia.com/gpu.shared": "25"},
+    }
+    for name, limits in pods.items():
+        core.create_namespaced_pod(
+            namespace, host_pod(name, stop_signal_safe("env; sleep 300 & wait"), limits=limits)
+        )
+    for name in pods:
+        pod = wait_pod_phase(core, namespace, name, {"Running", "Failed"}, 90)
+        assert pod.status.phase == "Running", (pod.status, stack.node.kubelet_log())
+    account = stack.pod_resources()
+    for name in pods:
+        pod = core.read_namespaced_pod(name, namespace)
+        record = recorded(pod)
+        assert record is not None and record.node == stack.node.node
+        want = frozenset(g.uuid for g in record.grants)
+        env = _printed_env(stack, core, namespace, name)
+        assert visible_gpus(env) == want, (name, env)
+        assert kubelet_gpus(account, namespace, name) == want, (name, account)
+    assert double_counted(account, "nvidia.com/gpu") == {}
+    share_env = _printed_env(stack, core, namespace, "share")
+    assert share_env.get("LINKPACK_ENFORCEMENT"), share_env
