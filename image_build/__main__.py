@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     stage = sub.add_parser("stage", help="only fill a stage directory (what the Containerfile installs)")
     stage.add_argument("directory", type=Path)
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     try:
         if args.command == "stage":
             make_stage(REPO_ROOT, spec, args.directory, args.cache_dir or default_cache_dir())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -26,6 +27,8 @@ from image_build.oci import ImageConfig, write_image_archive
 from image_build.rootfs import base_rootfs, extract, rootfs_key
 from image_build.spec import PACKAGE_DIR, ImageSpec, load_spec
 from image_build.stage import default_cache_dir, make_stage, source_digest
+
+log = logging.getLogger("image_build")
 
 REPO_ROOT = PACKAGE_DIR.parent
 DEFAULT_OUT_DIR = REPO_ROOT / "build" / "image"
@@ -93,6 +96,7 @@ def assemble(checkout: Path, spec: ImageSpec, cache: Path, out: Path) -> None:
     """Build the archive at `out` from scratch (but the cached root filesystem and tools)."""
     if os.geteuid() != 0:
         raise BuildError("make image needs root (it unpacks a root filesystem and chroots into it)")
+    log.info("root filesystem: Debian %s by mmdebstrap (cached by its inputs)", spec.suite)
     base = base_rootfs(spec, cache)
     work = cache / "work"
     work.mkdir(exist_ok=True)
@@ -100,13 +104,16 @@ def assemble(checkout: Path, spec: ImageSpec, cache: Path, out: Path) -> None:
         root = Path(scratch) / "rootfs"
         extract(base, root)
         stage = root / STAGE_IN_ROOT
+        log.info("stage: the wheel, the gRPC stubs, the locked wheels, the interposer")
         try:
             make_stage(checkout, spec, stage, cache)
         except subprocess.CalledProcessError as exc:
             raise BuildError(f"staging failed: {' '.join(exc.cmd)}:\n{exc.stderr}") from exc
+        log.info("installing into the root filesystem (install_in_root.py)")
         run_in_root(root, ["python3", f"/{STAGE_IN_ROOT}/install_in_root.py", f"/{STAGE_IN_ROOT}"],
                     spec.source_date_epoch)  # fmt: skip
         shutil.rmtree(stage)
+        log.info("writing the OCI archive")
         write_image_archive(root, image_config(spec), spec.reference, out, spec.source_date_epoch)
 
 
@@ -145,6 +152,7 @@ def build(
     with _cache_lock(cache):
         cached = archives / f"{inputs_key(checkout, spec)}.oci.tar"
         if reuse and cached.is_file():
+            log.info("cached: %s", cached)
             os.utime(cached)
         else:
             assemble(checkout, spec, cache, cached)

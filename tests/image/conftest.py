@@ -4,7 +4,6 @@ from the archive itself, to run its commands in."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -12,19 +11,19 @@ import pytest
 
 from image_build import build
 from image_build.spec import ImageSpec, load_spec
+from tests.image.debian_packages import PackagesUnavailable, ensure_commands
 from tests.image.oci_checks import ReadImage, read_archive
 
-#: what `make image` runs; without them the image tests are skipped, saying which is missing
-BUILD_TOOLS = ("mmdebstrap", "chroot", "tar", "make", "cc")
 
-
-def missing_build_prerequisite() -> str | None:
+def ensure_build_prerequisites() -> None:
+    """Skip without root (no image can be built); install mmdebstrap, a C compiler and make when
+    missing, and fail when that does not work."""
     if os.geteuid() != 0:
-        return "building the image needs root (it unpacks a root filesystem and chroots into it)"
-    for tool in BUILD_TOOLS:
-        if shutil.which(tool) is None:
-            return f"building the image needs {tool}"
-    return None
+        pytest.skip("building the image needs root (it unpacks a root filesystem and chroots into it)")
+    try:
+        ensure_commands("mmdebstrap", "cc", "make")
+    except PackagesUnavailable as exc:
+        pytest.fail(f"cannot build the image: {exc}")
 
 
 @pytest.fixture(scope="session")
@@ -34,9 +33,7 @@ def spec() -> ImageSpec:
 
 @pytest.fixture(scope="session")
 def image_archive() -> Path:
-    reason = missing_build_prerequisite()
-    if reason:
-        pytest.skip(reason)
+    ensure_build_prerequisites()
     return build()
 
 

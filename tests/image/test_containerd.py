@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from image_build.spec import ImageSpec
+from tests.image.debian_packages import PackagesUnavailable, ensure_commands
 from tests.image.oci_checks import ReadImage
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(1500)]
@@ -46,8 +47,10 @@ def _unmount_below(directory: Path) -> None:
 @pytest.fixture
 def containerd() -> Iterator[list[str]]:
     """A throwaway containerd; yields the `ctr` command line that talks to it. Stopped by its pid."""
-    if shutil.which("containerd") is None or shutil.which("ctr") is None:
-        pytest.skip("needs containerd and ctr (Debian: apt-get install containerd)")
+    try:
+        ensure_commands("containerd", "ctr")
+    except PackagesUnavailable as exc:
+        pytest.fail(f"no containerd to import the image into: {exc}")
     directory = Path(tempfile.mkdtemp(prefix="lp-containerd-"))  # short: a socket path has a limit
     (directory / "config.toml").write_text(_config(directory))
     log = (directory / "containerd.log").open("w")

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from image_build import build
+from image_build.oci import write_layer
 from image_build.spec import ImageSpec
 from node_agent.plugin_host import SHIM_FILES
 from tests.image.conftest import run_in_image
-from tests.image.oci_checks import ReadImage
+from tests.image.oci_checks import ReadImage, read_archive
 
 # the first test to ask for the image may build it: minutes on a fresh cache
 pytestmark = [pytest.mark.image, pytest.mark.timeout(1500)]
@@ -36,13 +38,22 @@ def test_the_archive_is_a_valid_oci_image_named_linkpack(image: ReadImage, spec:
 
 def test_the_same_inputs_give_the_same_digest(image_archive: Path, image: ReadImage) -> None:
     """A second build of unchanged inputs is the cached archive (no work), named the same."""
-    from image_build import build
-
     again = build(image_archive.parent)
     assert again == image_archive
-    from tests.image.oci_checks import read_archive
-
     assert read_archive(again).manifest_digest == image.manifest_digest
+
+
+def test_the_layer_round_trips_through_the_writer(
+    image_root: Path, image: ReadImage, spec: ImageSpec, tmp_path: Path
+) -> None:
+    """The image's root filesystem, unpacked and packed again, gives the very same layer: the
+    layer loses nothing an unpacking keeps (owners, modes, links), and the writer is
+    deterministic on a real tree."""
+    layer = write_layer(image_root, tmp_path / "blobs", spec.source_date_epoch)
+    rootfs = image.config["rootfs"]
+    assert isinstance(rootfs, dict)
+    assert rootfs["diff_ids"] == [layer.diff_id]
+    assert layer.blob.size == len(image.layers[0])
 
 
 @pytest.mark.parametrize("command", ["linkpack-extender", "linkpack-node-agent", "kubectl-linkpack"])
