@@ -73,8 +73,8 @@ image:
 # Regenerate the image's locks from pyproject.toml (runtime) and image_build/build-requirements.in
 # (build tools, at the runtime lock's versions). Pins stay unless LOCK_UPGRADE=--upgrade.
 LOCK_TOOLS := build/lock-tools
-PIP_COMPILE = env -u PIP_FIND_LINKS $(LOCK_TOOLS)/bin/pip-compile --quiet --generate-hashes --strip-extras \
-	--allow-unsafe --no-emit-index-url --no-emit-find-links --custom-compile-command "make lock" $(LOCK_UPGRADE)
+PIP_COMPILE = env -u PIP_FIND_LINKS CUSTOM_COMPILE_COMMAND="make lock" $(LOCK_TOOLS)/bin/pip-compile --quiet --generate-hashes --strip-extras \
+	--allow-unsafe --no-emit-index-url --no-emit-find-links $(LOCK_UPGRADE)
 
 lock:
 	$(PYTHON) -m venv $(LOCK_TOOLS)
