@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED ?= ../shared
 export LINKPACK_SHARED ?= $(abspath $(SHARED))
 
-.PHONY: manifests demo test lint typecheck imports unit bench-placement bench-cluster bench-extender bench clean proto interposer
+.PHONY: manifests demo test lint typecheck imports unit bench-placement bench-cluster bench-extender bench clean proto interposer image lock
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check .
 
 typecheck: $(VENV)/.installed proto
-	$(VENV)/bin/mypy topology contract extender node_agent kubectl_linkpack demo
+	$(VENV)/bin/mypy topology contract extender node_agent kubectl_linkpack demo image_build
 
 imports: $(VENV)/.installed
 	$(VENV)/bin/lint-imports
@@ -66,3 +66,24 @@ $(INTERPOSER_BUILD)/liblinkpack_cuda.so: $(INTERPOSER_SRC) $(wildcard node_agent
 	mkdir -p $(INTERPOSER_BUILD)
 	$(CC) -O2 -fPIC -shared -Wall -Wextra -Werror -fvisibility=hidden -Wl,-Bsymbolic-functions \
 		-Wl,-soname,liblinkpack_cuda.so -o $@ $(INTERPOSER_SRC) -Wl,--no-as-needed $(INTERPOSER_COMPAT) -ldl -lpthread
+
+# The container image as an OCI archive, without any container registry (root, mmdebstrap; Debian
+# packages and PyPI reachable): docs/operator-guide.md, "The container image". Cached by its
+# inputs in $(LINKPACK_CACHE_DIR)/image (default ~/.cache/linkpack/image).
+IMAGE_ARCHIVE ?= build/image/linkpack-0.1.0.oci.tar
+
+image:
+	$(PYTHON) -m image_build --out $(IMAGE_ARCHIVE)
+
+# Regenerate the image's locks from pyproject.toml (runtime) and image_build/build-requirements.in
+# (build tools, at the runtime lock's versions). Pins stay unless LOCK_UPGRADE=--upgrade.
+LOCK_TOOLS := build/lock-tools
+PIP_COMPILE = env -u PIP_FIND_LINKS CUSTOM_COMPILE_COMMAND="make lock" $(LOCK_TOOLS)/bin/pip-compile --quiet --generate-hashes --strip-extras \
+	--allow-unsafe --no-emit-index-url --no-emit-find-links $(LOCK_UPGRADE)
+
+lock:
+	$(PYTHON) -m venv $(LOCK_TOOLS)
+	$(LOCK_TOOLS)/bin/pip install -q pip-tools==7.6.2
+	$(PIP_COMPILE) -o image_build/requirements.lock pyproject.toml
+	grep -E '^[a-z0-9].*==' image_build/requirements.lock | sed 's/ .*//' > $(LOCK_TOOLS)/constraints.txt
+	$(PIP_COMPILE) -c $(LOCK_TOOLS)/constraints.txt -o image_build/build-requirements.lock image_build/build-requirements.in
