@@ -41,7 +41,7 @@ class LearningSettings:
     prior_pods: float = 64.0
     coverage: float = 0.95
     max_shapes: int = 48
-    refresh_every: int = 256
+    refresh_every: int = 1024
 
 
 def shape_key(shape: PodShape) -> PodShape | None:

@@ -143,13 +143,13 @@ class TermsBook:
         shapes = [m for m in workload if m.needs_gpu]
         self.cpu = Thresholds(m.cpu_milli for m in shapes)
         self.memory = Thresholds(m.memory_mib for m in shapes if m.memory_mib)
-        self.terms: dict[tuple[int, ...], RawTerms | None] = {}
+        self.terms: dict[tuple[object, ...], RawTerms | None] = {}
         self.fragmentation = default_fragmentation()
 
     def terms_of(
         self, key: tuple[int, ...], class_id: int, request: Request, free: tuple[int, int, int, int, int]
     ) -> RawTerms | None:
-        memo_key = (*key, hash(request))
+        memo_key = (*key, request)
         if memo_key in self.terms:
             return self.terms[memo_key]
         placement = self.book.placement_of(class_id, request, self.workload)
@@ -215,6 +215,9 @@ class OursPolicy:
         self.kinds = [(n.model, n.gpu_count) for n in cluster.nodes]
         self.names = [n.name for n in cluster.nodes]
         self.rank: IntArray = np.array([name_rank(n) for n in self.names], dtype=np.int64)
+        capacities = sorted(set(cluster.cpu_capacity.tolist()))
+        assert len(capacities) <= 64 and len(self.book.keys) < 2**20
+        self.capacity_index: IntArray = np.searchsorted(np.array(capacities), cluster.cpu_capacity)
         self.class_of: IntArray = np.zeros(cluster.size, dtype=np.int64)
         self._versions = cluster.version.copy()
         for node in range(cluster.size):
@@ -263,19 +266,18 @@ class OursPolicy:
         cpu_after = cpu_left - pod.cpu_milli
         memory_after = memory_left - pod.memory_mib
         percent = np.clip(CPU_SHARE_STEPS * cpu_after // np.maximum(capacity, 1), 0, CPU_SHARE_STEPS)
-        columns = np.stack(
-            [
-                self.class_of[feasible],
-                cpu.index(cpu_left),
-                cpu.index(cpu_after),
-                memory.index(memory_left),
-                memory.index(memory_after),
-                percent,
-                capacity,
-            ],
-            axis=1,
-        )
-        keys, first, inverse = np.unique(columns, axis=0, return_index=True, return_inverse=True)
+        # one int64 per node: class, the four bands, the CPU percent, the capacity's index
+        packed = self.class_of[feasible]
+        for column, size in (
+            (cpu.index(cpu_left), 64),
+            (cpu.index(cpu_after), 64),
+            (memory.index(memory_left), 64),
+            (memory.index(memory_after), 64),
+            (percent, 128),
+            (self.capacity_index[feasible], 64),
+        ):
+            packed = packed * size + column
+        keys, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
         inverse = inverse.reshape(-1)
         terms: list[RawTerms | None] = []
         for k, row in zip(keys.tolist(), first.tolist(), strict=True):
@@ -286,7 +288,7 @@ class OursPolicy:
                 int(memory_after[row]),
                 int(capacity[row]),
             )
-            terms.append(terms_book.terms_of(tuple(k), int(k[0]), request, free))
+            terms.append(terms_book.terms_of((k,), int(self.class_of[feasible[row]]), request, free))
         fitting = [t for t in terms if t is not None]
         if not fitting:
             return None

@@ -61,7 +61,7 @@ def test_the_learner_starts_from_its_prior_and_moves_to_what_it_sees() -> None:
     again.observe_all(shapes)
     assert learner.workload == again.workload and learner.version == again.version
     assert learner.workload[0].gpu_milli == 500 and learner.workload[0].cpu_milli == 4000
-    assert learner.workload[0].probability > 0.8  # as published after 256 pods
+    assert learner.workload[0].probability > 0.8  # as published after 256 pods (a power of two)
     assert learner.observed == 500  # CPU-only pods are not counted
     assert abs(sum(m.probability for m in learner.workload) - 1.0) < 1e-9
 
