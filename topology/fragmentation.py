@@ -293,9 +293,10 @@ def _default_workload() -> Workload:
     )
 
 
-#: GPU-only shapes covering 99.6% of the openb default trace's GPU pods, CPU left out (a
-#: `NodeState` carries no CPU). CPU-only shapes are omitted: they add the same term to every
-#: node's delta for a given pod, so they never change a ranking.
+#: GPU-only shapes covering 99.6% of the openb default trace's GPU pods, CPU left out: the
+#: measure where nothing better is known, and the prior of the learned workload
+#: (`topology.workload_learning`). CPU-only shapes are omitted: they add the same term to
+#: every node's delta for a given pod, so they never change a ranking.
 DEFAULT_WORKLOAD: Workload = _default_workload()
 
 

@@ -50,7 +50,7 @@ from bench.cluster.trace import (
 from contract.gpu_topology import encode_topology
 from tests.cluster.binaries import ensure_binaries
 from tests.cluster.controlplane import MANIFESTS, ControlPlane, load_manifest, wait_for_crd
-from tests.cluster.linkpack_env import running_extender, scheduler_config
+from tests.cluster.linkpack_env import ExtenderProcess, extender_tls, scheduler_config
 
 UNITS_PER_GPU = 100
 NAMESPACE = "replay"
@@ -175,7 +175,9 @@ def real(nodes: tuple[TraceNode, ...], pods: list[TracePod]) -> int:
         core = client.CoreV1Api(cp.api_client())
         core.create_namespace({"metadata": {"name": NAMESPACE}})
         allocated = 0
-        with running_extender(cp, "replay") as extender:
+        extender = ExtenderProcess(cp.kubeconfig_path, cp.log_dir / "replay-extender.log", extender_tls(cp))
+        extender.start(timeout_s=600)  # generous: a loaded machine starts Python slowly
+        try:
             cp.start_scheduler(
                 scheduler_config(cp, extender.url, extender.tls).replace(
                     "leaderElect: true", "leaderElect: false"
@@ -192,6 +194,8 @@ def real(nodes: tuple[TraceNode, ...], pods: list[TracePod]) -> int:
                         print(f"  {i}/{len(pods)} pods", file=sys.stderr, flush=True)
             finally:
                 cp.stop_scheduler()
+        finally:
+            extender.kill()
         return allocated
 
 
