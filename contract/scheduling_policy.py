@@ -42,6 +42,7 @@ class SchedulingPolicy:
     memory_per_unit_mib: int = 0  # a share that asks units only gets this much memory per unit
     compute_priority: ComputePriority | None = None  # for pods that do not say
     cuda_version: str = ""  # the CUDA version its pods need, unless a pod says ("12.4")
+    decide_node: bool = True  # filter answers the single best node instead of leaving it to scores
 
     @property
     def name(self) -> str:
@@ -130,6 +131,7 @@ def decode_scheduling_policy(obj: Mapping[str, Any]) -> SchedulingPolicy:
         memory_per_unit_mib=_count(sharing, "memoryPerUnitMiB", f"{where}.sharing"),
         compute_priority=priority,
         cuda_version=cuda.strip(),
+        decide_node=_flag(spec, "decideNode", where, default=True),
     )
 
 
@@ -165,8 +167,8 @@ def _count(doc: Mapping[str, Any], key: str, where: str) -> int:
     return value
 
 
-def _flag(doc: Mapping[str, Any], key: str, where: str) -> bool:
-    value = doc.get(key, False)
+def _flag(doc: Mapping[str, Any], key: str, where: str, default: bool = False) -> bool:
+    value = doc.get(key, default)
     if not isinstance(value, bool):
         raise PolicyError(f"{where}.{key}: expected true or false, got {value!r}")
     return value

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from contract.compute_demand import ComputeDemand
 from contract.gpu_topology import PublishedTopology
 from contract.handoff import held_outside, revision_at_least
 from contract.ledger import Ledger
@@ -22,6 +23,7 @@ from contract.scheduling_policy import SchedulingPolicy
 from extender.snapshot import ClusterSnapshot, NodeEntry, NodeFacts, PolicyBook, TrackedPod
 from topology.accounting import Overcommit
 from topology.scheduling import GpuGrant, NodeState
+from topology.workload_learning import LearningSettings, WorkloadLearner
 
 _CHANGE_LOG_LIMIT = 100_000
 
@@ -33,14 +35,16 @@ class _NodeParts:
     topology_problem: str = ""
     ledger: Ledger | None = None
     in_flight: dict[str, tuple[GpuGrant, ...]] = field(default_factory=dict)
+    compute: dict[str, ComputeDemand] = field(default_factory=dict)  # bound, unfinished pods by uid
     version: int = 0
 
 
 class ClusterStore:
     """Thread-safe store of nodes, GpuTopology objects, ledgers, tracked pods and binds in flight."""
 
-    def __init__(self, units_per_gpu: int) -> None:
+    def __init__(self, units_per_gpu: int, learning: LearningSettings | None = None) -> None:
         self._units_per_gpu = units_per_gpu
+        self._learner = WorkloadLearner(learning)
         self._lock = threading.RLock()
         self._parts: dict[str, _NodeParts] = {}
         self._entries: dict[str, NodeEntry] = {}
@@ -96,8 +100,12 @@ class ClusterStore:
             old_uid = self._pod_uids.get(pod.key)
             if old_uid and old_uid != pod.uid:
                 self._pods.pop(old_uid, None)
-            if self._pods.get(pod.uid) == pod:
+            previous = self._pods.get(pod.uid)
+            if previous == pod:
                 return
+            if previous is None and pod.gpu_shape is not None and self._learner.observe(pod.gpu_shape):
+                self._snapshot = None
+            self._move_compute(previous, pod)
             self._pods[pod.uid] = pod
             self._pod_uids[pod.key] = pod.uid
             self._pods_view = self._snapshot = None
@@ -107,6 +115,7 @@ class ClusterStore:
             pod = self._pods.pop(uid, None)
             if pod is not None and self._pod_uids.get(pod.key) == uid:
                 del self._pod_uids[pod.key]
+            self._move_compute(pod, None)
             self._pods_view = self._snapshot = None
             for name, parts in self._parts.items():
                 if parts.in_flight.pop(uid, None) is not None:
@@ -203,6 +212,8 @@ class ClusterStore:
                 pod_uids=pod_uids,
                 synced=frozenset(self._synced),
                 book=self._book,
+                workload=self._learner.workload,
+                workload_version=self._learner.version,
             )
             return current
 
@@ -214,6 +225,24 @@ class ClusterStore:
             return frozenset(self._change_log[since - self._change_base : until - self._change_base])
 
     # ------------------------------------------------------------------ internals
+
+    def _move_compute(self, old: TrackedPod | None, new: TrackedPod | None) -> None:
+        """Move a pod's CPU and memory between the nodes it held them on before and holds now."""
+        before = (old.node_name, old.compute) if old is not None and old.holds_compute else None
+        after = (new.node_name, new.compute) if new is not None and new.holds_compute else None
+        if before == after:
+            return
+        uid = new.uid if new is not None else old.uid if old is not None else ""
+        if before is not None:
+            parts = self._parts.get(before[0])
+            if parts is not None and parts.compute.pop(uid, None) is not None:
+                self._bump(before[0], parts)
+        if after is not None:
+            parts = self._parts.get(after[0])
+            if parts is None:
+                parts = self._parts[after[0]] = _NodeParts()
+            parts.compute[uid] = after[1]
+            self._bump(after[0], parts)
 
     def _touch(self, name: str) -> _NodeParts:
         parts = self._parts.get(name)
@@ -265,6 +294,10 @@ class ClusterStore:
             in_flight=MappingProxyType(dict(parts.in_flight)),
             state=state,
             overcommits=overcommits,
+            compute_used=ComputeDemand(
+                sum(c.cpu_milli for c in parts.compute.values()),
+                sum(c.memory_mib for c in parts.compute.values()),
+            ),
         )
 
 

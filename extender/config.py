@@ -40,6 +40,9 @@ class ExtenderConfig:
         }
     )
     default_policy: str = PolicyName.BALANCED.value
+    # The built-in policies decide the node (filter answers the single best one); a
+    # GpuSchedulingPolicy says so itself with spec.decideNode (default true).
+    decide_node: bool = True
     host: str = "0.0.0.0"
     port: int = 8888  # the verbs, mutual TLS
     debug_port: int = 8889  # /debug/*, TLS + Kubernetes identity
@@ -84,6 +87,7 @@ def config_from_env(env: Mapping[str, str] | None = None) -> ExtenderConfig:
         resync_period_s=_positive_float(env, "LINKPACK_RESYNC_PERIOD_S", defaults.resync_period_s),
         policies=weights,
         default_policy=default_policy,
+        decide_node=_flag(env, "LINKPACK_DECIDE_NODE", defaults.decide_node),
         host=env.get("LINKPACK_HOST", defaults.host),
         port=_positive_int(env, "LINKPACK_PORT", defaults.port),
         debug_port=_positive_int(env, "LINKPACK_DEBUG_PORT", defaults.debug_port),
@@ -129,6 +133,15 @@ def _weights(env: Mapping[str, str], defaults: ExtenderConfig) -> dict[str, Poli
             policy, weight_link_quality=link, weight_fragmentation=frag, weight_packing=pack
         )
     return policies
+
+
+def _flag(env: Mapping[str, str], key: str, default: bool) -> bool:
+    raw = env.get(key, "").strip().lower()
+    if not raw:
+        return default
+    if raw not in ("true", "false"):
+        raise ConfigError(f"{key}={raw!r}: expected true or false")
+    return raw == "true"
 
 
 def _positive_int(env: Mapping[str, str], key: str, default: int) -> int:

@@ -13,16 +13,26 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from contract.compute_demand import ComputeDemand
 from contract.gpu_topology import TopologyStatus
 from contract.scheduling_policy import cuda_version_tuple
 from extender.cluster_store import ClusterStore
 from extender.pod_requests import PodRequest
-from extender.snapshot import ClusterSnapshot
+from extender.snapshot import ClusterSnapshot, NodeEntry
+from topology.node_choice import choose_node
 from topology.placement import place
 from topology.scheduling import Misfit, MisfitReason, Outcome, Placement, Policy, Request
-from topology.scoring import Ranking, RawTerms, combine, default_fragmentation, node_terms
+from topology.scoring import (
+    NodeResourcesContext,
+    Ranking,
+    RawTerms,
+    combine,
+    default_fragmentation,
+    node_terms,
+)
 
 _MAX_REQUEST_KINDS = 512  # distinct (request, policy) pairs remembered at once
+_MAX_TERMS = 200_000  # scoring terms remembered per request kind (node x pod CPU/memory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,17 +82,32 @@ class _FilterMemo:
 
 
 class _Memo:
-    """Per node: (state version, placement outcome), (state version, scoring terms); per list: filter."""
+    """Per node: (state version, placement outcome), (state version, scoring terms); per list: filter.
 
-    __slots__ = ("cuda", "filters", "lock", "outcomes", "rankings", "terms")
+    Everything in it was decided against one learned workload (`workload_version`); a new one
+    empties it."""
+
+    __slots__ = ("cuda", "filters", "lock", "outcomes", "rankings", "terms", "workload_version")
 
     def __init__(self, cuda: str = "") -> None:
         self.cuda = cuda  # the CUDA version the request needs of a node's driver ("" any)
         self.lock = threading.Lock()
+        self.workload_version = -1
         self.outcomes: dict[str, tuple[int, Outcome]] = {}
-        self.terms: dict[str, tuple[int, RawTerms]] = {}
+        self.terms: dict[tuple[str, ComputeDemand], tuple[int, RawTerms]] = {}
         self.filters: dict[tuple[str, ...], _FilterMemo] = {}
-        self.rankings: dict[tuple[str, ...], tuple[int, list[RawTerms | None], Ranking]] = {}
+        self.rankings: dict[
+            tuple[ComputeDemand, tuple[str, ...]], tuple[int, list[RawTerms | None], Ranking]
+        ] = {}
+
+    def align(self, snapshot: ClusterSnapshot) -> None:
+        """Forget what was decided against another learned workload than the snapshot's."""
+        if snapshot.workload_version != self.workload_version:
+            self.workload_version = snapshot.workload_version
+            self.outcomes.clear()
+            self.terms.clear()
+            self.filters.clear()
+            self.rankings.clear()
 
 
 class Decider:
@@ -110,6 +135,7 @@ class Decider:
         """Where `request` would go on `node` in this snapshot (or why it cannot)."""
         memo = self._memo(request, policy, cuda)
         with memo.lock:
+            memo.align(snapshot)
             return self._outcome(snapshot, memo, node, request, policy)
 
     def _outcome(
@@ -125,15 +151,38 @@ class Decider:
         if state is None or entry is None or entry.published is None:
             result = _NO_TOPOLOGY
         else:
-            result = driver_misfit(memo.cuda, entry.published.status) or place(state, request, policy)
+            result = driver_misfit(memo.cuda, entry.published.status) or place(
+                state, request, policy, snapshot.workload
+            )
         memo.outcomes[node] = (version, result)
         return result
 
     def filter(self, snapshot: ClusterSnapshot, pod: PodRequest, node_names: Sequence[str]) -> FilterOutcome:
-        """Which nodes fit; only nodes changed since the same list was last asked are re-placed."""
+        """Which nodes fit; only nodes changed since the same list was last asked are re-placed.
+
+        When the pod's policy decides the node (`decideNode`) and several fit, only the one
+        `topology.node_choice.choose_node` picks passes; the others fail naming it."""
         memo = self._memo(pod.request, pod.policy, pod.cuda_version)
         with memo.lock:
-            return self._filter(snapshot, memo, pod, tuple(node_names))
+            memo.align(snapshot)
+            outcome = self._filter(snapshot, memo, pod, tuple(node_names))
+            if not pod.decide_node or len(outcome.passed) < 2:
+                return outcome
+            return self._decide(snapshot, memo, pod, outcome)
+
+    def _decide(
+        self, snapshot: ClusterSnapshot, memo: _Memo, pod: PodRequest, outcome: FilterOutcome
+    ) -> FilterOutcome:
+        terms = [t for n in outcome.passed if (t := self._terms(snapshot, memo, n, pod)) is not None]
+        chosen = choose_node(terms)
+        if chosen is None:
+            return outcome
+        reason = f"linkpack chose node {chosen.node} for this pod (its policy decides the node)"
+        failed = dict(outcome.failed)
+        for name in outcome.passed:
+            if name != chosen.node:
+                failed[name] = reason
+        return FilterOutcome((chosen.node,), failed, outcome.unresolvable, {}, outcome.misfits)
 
     def _filter(
         self, snapshot: ClusterSnapshot, memo: _Memo, pod: PodRequest, key: tuple[str, ...]
@@ -187,12 +236,14 @@ class Decider:
         """Scores for the nodes; only nodes changed since the same list was last scored are redone."""
         memo = self._memo(pod.request, pod.policy, pod.cuda_version)
         with memo.lock:
+            memo.align(snapshot)
             return self._prioritize(snapshot, memo, pod, tuple(node_names))
 
     def _prioritize(
         self, snapshot: ClusterSnapshot, memo: _Memo, pod: PodRequest, key: tuple[str, ...]
     ) -> Ranking:
-        found = memo.rankings.get(key)
+        memo_key = (pod.compute, key)
+        found = memo.rankings.get(memo_key)
         generation = snapshot.generation
         changed = self._store.changes_between(found[0], generation) if found else None
         if found is not None and changed is not None and not changed:
@@ -208,18 +259,46 @@ class Decider:
         ranking = combine([t for t in terms if t is not None], pod.policy)
         if found is None and len(memo.rankings) >= 4:
             memo.rankings.pop(next(iter(memo.rankings)))
-        memo.rankings[key] = (generation, terms, ranking)
+        memo.rankings[memo_key] = (generation, terms, ranking)
         return ranking
 
     def _terms(self, snapshot: ClusterSnapshot, memo: _Memo, name: str, pod: PodRequest) -> RawTerms | None:
         version = snapshot.version(name)
-        hit = memo.terms.get(name)
+        memo_key = (name, pod.compute)
+        hit = memo.terms.get(memo_key)
         if hit is not None and hit[0] == version:
             return hit[1]
-        state = snapshot.node_state(name)
+        entry = snapshot.node(name)
+        state = entry.state if entry is not None else None
         result = self._outcome(snapshot, memo, name, pod.request, pod.policy)
-        if state is None or not isinstance(result, Placement):
+        if entry is None or state is None or not isinstance(result, Placement):
             return None
-        found = node_terms(state, result, pod.request, pod.policy, self._fragmentation)
-        memo.terms[name] = (version, found)
+        found = node_terms(
+            state,
+            result,
+            pod.request,
+            pod.policy,
+            self._fragmentation,
+            resources_context(entry, pod, snapshot),
+        )
+        if len(memo.terms) >= _MAX_TERMS:
+            memo.terms.clear()
+        memo.terms[memo_key] = (version, found)
         return found
+
+
+def resources_context(entry: NodeEntry, pod: PodRequest, snapshot: ClusterSnapshot) -> NodeResourcesContext:
+    """The node's free CPU and memory before and after the pod, and the learned workload
+    (CPU and memory unconstrained where the Node does not say its allocatable)."""
+    free = entry.free_compute
+    allocatable = entry.facts.allocatable if entry.facts is not None else None
+    if free is None or allocatable is None:
+        return NodeResourcesContext(None, None, None, None, snapshot.workload)
+    return NodeResourcesContext(
+        free.cpu_milli,
+        free.memory_mib,
+        free.cpu_milli - pod.compute.cpu_milli,
+        free.memory_mib - pod.compute.memory_mib,
+        snapshot.workload,
+        allocatable.cpu_milli,
+    )

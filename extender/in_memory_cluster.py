@@ -126,7 +126,9 @@ class InMemoryCluster:
             pod = self._pods.get((namespace, name))
             if pod is None:
                 raise ApiNotFound(f"pod {namespace}/{name} not found")
-            return PodObject(tracked_pod(pod), pod["metadata"]["resourceVersion"], copy.deepcopy(pod))
+            return PodObject(
+                tracked_pod(pod, self._config), pod["metadata"]["resourceVersion"], copy.deepcopy(pod)
+            )
 
     def read_ledger(self, node: str) -> Ledger:
         with self._lock:
@@ -214,7 +216,7 @@ class InMemoryCluster:
                 handlers.ledger(ledger)
             for pod in self._pods.values():
                 if pod_is_tracked(pod, self._config):
-                    handlers.pod(tracked_pod(pod))
+                    handlers.pod(tracked_pod(pod, self._config))
             for obj in self._policies.values():
                 handlers.policy(*read_scheduling_policy(obj))
             for namespace, default in self._namespaces.items():
@@ -225,7 +227,7 @@ class InMemoryCluster:
     def _notify_pod(self, pod: Mapping[str, Any]) -> None:
         if not pod_is_tracked(pod, self._config):
             return
-        view: TrackedPod = tracked_pod(pod)
+        view: TrackedPod = tracked_pod(pod, self._config)
         revision = self._next_revision()
         for h in self._handlers:
             h.pods_revision(revision)

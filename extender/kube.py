@@ -109,7 +109,9 @@ class KubeClusterApi:
             pod = json.loads(raw.data)
         except _FAILURES as exc:
             raise _translate(exc, f"read pod {namespace}/{name}") from exc
-        return PodObject(tracked_pod(pod), str(pod["metadata"].get("resourceVersion") or ""), pod)
+        return PodObject(
+            tracked_pod(pod, self._config), str(pod["metadata"].get("resourceVersion") or ""), pod
+        )
 
     def read_ledger(self, node: str) -> Ledger:
         try:
@@ -387,7 +389,7 @@ class KubeClusterApi:
             if event == "DELETED":
                 h.pod_deleted(str(obj["metadata"].get("uid") or ""))
             elif pod_is_tracked(obj, cfg):
-                h.pod(tracked_pod(obj))
+                h.pod(tracked_pod(obj, cfg))
 
         return Sink(
             "pods",

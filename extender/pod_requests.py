@@ -8,10 +8,11 @@ The effective request of the pod (sidecars included) is the contract's rule
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from contract.allocation import ComputePriority
+from contract.compute_demand import ComputeDemand, pod_compute_demand
 from contract.keys import (
     COMPUTE_PRIORITY_ANNOTATION,
     CUDA_VERSION_ANNOTATION,
@@ -47,6 +48,8 @@ class PodRequest:
     interposer_opt_out: bool = False  # annotation linkpack.io/interposer: "off"
     policy_source: str = "built-in default"  # why this policy: pod annotation, namespace, default
     cuda_version: str = ""  # the CUDA version the pod needs of the node's driver ("" any)
+    compute: ComputeDemand = field(default_factory=ComputeDemand)  # effective CPU and memory request
+    decide_node: bool = True  # filter answers the one best node (the policy's decideNode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,7 @@ def resolve_policy(
         return found, source
     built_in = config.policies.get(name)
     if built_in is not None:
-        return SchedulingPolicy(built_in), source
+        return SchedulingPolicy(built_in, decide_node=config.decide_node), source
     known = ", ".join(sorted({*book.policies, *config.policies}))
     return f"unknown {POLICY_ANNOTATION} {name!r} ({source}); known policies: {known}"
 
@@ -136,7 +139,16 @@ def read_pod_request(
     if opt_out not in ("", "on", "off"):
         return RequestError(ref, f"{INTERPOSER_ANNOTATION} {opt_out!r}: expected on or off")
     return PodRequest(
-        ref, request, policy, tuple(sorted(amounts.items())), priority, opt_out == "off", source, cuda
+        ref,
+        request,
+        policy,
+        tuple(sorted(amounts.items())),
+        priority,
+        opt_out == "off",
+        source,
+        cuda,
+        pod_compute_demand(pod),
+        chosen.decide_node,
     )
 
 

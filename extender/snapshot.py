@@ -11,12 +11,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from contract.compute_demand import ComputeDemand
 from contract.cordons import Cordons
 from contract.gpu_topology import PublishedTopology
 from contract.ledger import Ledger, LedgerEntry
 from contract.scheduling_policy import SchedulingPolicy
 from extender.stale_entries import PodFacts
 from topology.accounting import Overcommit
+from topology.fragmentation import DEFAULT_WORKLOAD, PodShape, Workload
 from topology.scheduling import GpuGrant, NodeState
 
 _EMPTY: Mapping[str, tuple[GpuGrant, ...]] = MappingProxyType({})
@@ -30,17 +32,26 @@ class NodeFacts:
     cordons: Cordons = field(default_factory=Cordons)
     unschedulable: bool = False
     advertises_gpus: bool = False  # allocatable has a managed GPU resource (device plugin running)
+    allocatable: ComputeDemand | None = None  # allocatable CPU and memory (None: not said)
 
 
 @dataclass(frozen=True, slots=True)
 class TrackedPod:
-    """A pod as the extender tracks it (any pod with a GPU request or allocation)."""
+    """A pod as the extender tracks it: any pod with a GPU request or allocation, and any pod
+    bound to a node (its CPU and memory count against the node's)."""
 
     uid: str
     namespace: str
     name: str
     node_name: str = ""
     finished: bool = False
+    compute: ComputeDemand = field(default_factory=ComputeDemand)  # effective CPU/memory request
+    gpu_shape: PodShape | None = None  # what it asks of GPUs, for the learned workload (None: no GPU)
+
+    @property
+    def holds_compute(self) -> bool:
+        """Bound to a node and not finished: its CPU and memory are taken there."""
+        return bool(self.node_name) and not self.finished
 
     @property
     def key(self) -> str:
@@ -66,6 +77,18 @@ class NodeEntry:
     )  # planned, not committed
     state: NodeState | None = None
     overcommits: tuple[Overcommit, ...] = ()
+    compute_used: ComputeDemand = field(default_factory=ComputeDemand)  # requests of its bound pods
+
+    @property
+    def free_compute(self) -> ComputeDemand | None:
+        """Allocatable CPU and memory minus the requests of the pods bound here (None: unknown)."""
+        allocatable = self.facts.allocatable if self.facts is not None else None
+        if allocatable is None:
+            return None
+        return ComputeDemand(
+            allocatable.cpu_milli - self.compute_used.cpu_milli,
+            allocatable.memory_mib - self.compute_used.memory_mib,
+        )
 
     @property
     def mps_active(self) -> bool:
@@ -100,6 +123,8 @@ class ClusterSnapshot:
     pod_uids: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # "ns/name" -> uid
     synced: frozenset[str] = frozenset()
     book: PolicyBook = field(default_factory=PolicyBook)
+    workload: Workload = DEFAULT_WORKLOAD  # learned from the pods seen (topology.workload_learning)
+    workload_version: int = 0
 
     def is_synced(self, kinds: Iterable[str]) -> bool:
         return all(k in self.synced for k in kinds)

@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from contract.compute_demand import node_allocatable_compute, pod_compute_demand
 from contract.cordons import parse_cordons
 from contract.gpu_topology import GpuTopologyError, PublishedTopology, decode_gpu_topology
 from contract.keys import ALLOCATION_ANNOTATION, CORDON_ANNOTATION
+from contract.pod_demand import PodSpecError, container_demands, effective_amounts
 from contract.pods import pod_finished, pod_ref
 from contract.resources import ResourceNames
 from contract.scheduling_policy import (
@@ -23,6 +25,7 @@ from contract.scheduling_policy import (
 from extender.config import ExtenderConfig
 from extender.pod_requests import read_pod_request
 from extender.snapshot import NodeFacts, TrackedPod
+from topology.fragmentation import PodShape
 
 
 def node_facts(node: Mapping[str, Any], names: ResourceNames | None = None) -> NodeFacts:
@@ -36,6 +39,7 @@ def node_facts(node: Mapping[str, Any], names: ResourceNames | None = None) -> N
         cordons=parse_cordons(annotations.get(CORDON_ANNOTATION)),
         unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
         advertises_gpus=advertises,
+        allocatable=node_allocatable_compute(node),
     )
 
 
@@ -64,7 +68,31 @@ def namespace_default_policy(namespace: Mapping[str, Any]) -> tuple[str, str | N
     return str(meta.get("name") or ""), namespace_policy(namespace)
 
 
-def tracked_pod(pod: Mapping[str, Any]) -> TrackedPod:
+def gpu_shape(pod: Mapping[str, Any], config: ExtenderConfig) -> PodShape | None:
+    """What the pod asks of GPUs, as the learned workload counts it (None: no whole GPUs or share).
+
+    A share counts as its units over the units per GPU, in milli-GPU. The GPU models its policy
+    allows are not part of it (the policy may not be known yet when the pod is first seen)."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return None
+    names = config.resources
+    try:
+        amounts = effective_amounts(container_demands(spec, names.managed))
+    except PodSpecError:
+        return None
+    whole = amounts.get(names.whole, 0)
+    units = amounts.get(names.shared_units, 0)
+    if whole > 0:
+        milli, count = 1000, whole
+    elif units > 0 and config.units_per_gpu > 0:
+        milli, count = max(1, min(1000, 1000 * units // config.units_per_gpu)), 1
+    else:
+        return None
+    return PodShape(pod_compute_demand(pod).cpu_milli, milli, count)
+
+
+def tracked_pod(pod: Mapping[str, Any], config: ExtenderConfig | None = None) -> TrackedPod:
     ref = pod_ref(pod)
     return TrackedPod(
         uid=ref.uid,
@@ -72,10 +100,15 @@ def tracked_pod(pod: Mapping[str, Any]) -> TrackedPod:
         name=ref.name,
         node_name=str((pod.get("spec") or {}).get("nodeName") or ""),
         finished=pod_finished(pod),
+        compute=pod_compute_demand(pod),
+        gpu_shape=gpu_shape(pod, config or ExtenderConfig()),
     )
 
 
 def pod_is_tracked(pod: Mapping[str, Any], config: ExtenderConfig) -> bool:
-    """Pods that ask for a managed GPU resource or carry an allocation are tracked."""
+    """Pods that ask for a managed GPU resource or carry an allocation are tracked, and so is
+    every pod bound to a node (its CPU and memory requests count against the node's)."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if (pod.get("spec") or {}).get("nodeName"):
+        return True
     return ALLOCATION_ANNOTATION in annotations or read_pod_request(pod, config) is not None

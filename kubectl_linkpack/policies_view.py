@@ -91,7 +91,7 @@ def format_policies(rows: list[PolicyRow]) -> str:
         p = row.policy
         if p is None:
             kind = "built-in" if row.name in BUILT_IN and not row.problem else "INVALID"
-            cells = [row.name, kind, "-", "-", "-", "-"]
+            cells = [row.name, kind, "-", "-", "-", "-", "yes" if kind == "built-in" else "-"]
         else:
             pol = p.policy
             needs = [
@@ -110,12 +110,24 @@ def format_policies(rows: list[PolicyRow]) -> str:
             weights = f"{pol.weight_link_quality:g}/{pol.weight_fragmentation:g}/{pol.weight_packing:g}"
             cells = [row.name, "policy", weights, ",".join(needs) or "-", ",".join(sharing) or "-"]
             cells.append("spread" if pol.spread else "pack")
+            cells.append("yes" if p.decide_node else "no")
         shown = ", ".join(row.pods[:SHOWN_PODS]) + (
             f" +{len(row.pods) - SHOWN_PODS}" if len(row.pods) > SHOWN_PODS else ""
         )
         body.append([*cells, str(len(row.pods)), shown or "-"])
     text = table(
-        ["NAME", "KIND", "WEIGHTS(L/F/P)", "REQUIRES", "SHARING", "PREFERS", "PODS", "USED BY"], body
+        [
+            "NAME",
+            "KIND",
+            "WEIGHTS(L/F/P)",
+            "REQUIRES",
+            "SHARING",
+            "PREFERS",
+            "DECIDES NODE",
+            "PODS",
+            "USED BY",
+        ],
+        body,
     )
     problems = [f"warning: {row.name}: {row.problem}" for row in rows if row.problem]
     return "\n".join([text, *problems])

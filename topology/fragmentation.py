@@ -179,12 +179,34 @@ def node_fragmentation(
     """F_n(M) in milli-GPU: the expected idle GPU a request drawn from `workload` cannot use.
 
     Popularities are used as given (not renormalised). `None` CPU or memory is unconstrained.
+    The same sum as `request_fragmentation` over the workload, in the same order, with the
+    per-share GPU counts computed once per distinct share.
     """
-    return sum(
-        request.probability
-        * request_fragmentation(free_milli_per_gpu, free_cpu_milli, free_memory_mib, gpu_model, request)
-        for request in workload
-    )
+    idle = sum(free_milli_per_gpu)
+    by_share: dict[int, tuple[int, int]] = {}
+    total: float = 0
+    for request in workload:
+        value = idle
+        if (
+            request.needs_gpu
+            and not (request.gpu_models and gpu_model not in request.gpu_models)
+            and not (free_cpu_milli is not None and free_cpu_milli < request.cpu_milli)
+            and not (
+                free_memory_mib is not None and request.memory_mib and free_memory_mib < request.memory_mib
+            )
+        ):
+            share = request.gpu_milli
+            found = by_share.get(share)
+            if found is None:
+                too_small = min(share, MILLI_PER_GPU)
+                found = by_share[share] = (
+                    sum(1 for free in free_milli_per_gpu if free >= share),
+                    sum(free for free in free_milli_per_gpu if free < too_small),
+                )
+            if found[0] >= request.gpu_count:
+                value = found[1]
+        total += request.probability * value
+    return total
 
 
 def resources_fragmentation(node: NodeResources, workload: Workload) -> float:
@@ -271,9 +293,10 @@ def _default_workload() -> Workload:
     )
 
 
-#: GPU-only shapes covering 99.6% of the openb default trace's GPU pods, CPU left out (a
-#: `NodeState` carries no CPU). CPU-only shapes are omitted: they add the same term to every
-#: node's delta for a given pod, so they never change a ranking.
+#: GPU-only shapes covering 99.6% of the openb default trace's GPU pods, CPU left out: the
+#: measure where nothing better is known, and the prior of the learned workload
+#: (`topology.workload_learning`). CPU-only shapes are omitted: they add the same term to
+#: every node's delta for a given pod, so they never change a ranking.
 DEFAULT_WORKLOAD: Workload = _default_workload()
 
 

@@ -44,15 +44,21 @@ DEFAULT_POLICY = Policy()
 _PIX_RANK = LinkKind.PIX.pcie_rank  # a NIC behind the same PCIe switch counts as fully close
 
 
-def place(node: NodeState, request: Request, policy: Policy = DEFAULT_POLICY) -> Placement | Misfit:
-    """Place `request` on `node`, or say why it does not fit."""
+def place(
+    node: NodeState,
+    request: Request,
+    policy: Policy = DEFAULT_POLICY,
+    workload: fgd.Workload = fgd.DEFAULT_WORKLOAD,
+) -> Placement | Misfit:
+    """Place `request` on `node`, or say why it does not fit. `workload` is the typical workload a
+    share's GPU is chosen against (the fleet's learned one, where the caller knows it)."""
     refused = policy_misfit(node, policy)
     if refused is not None:
         return refused
     if isinstance(request, WholeGpus):
         return place_whole_gpus(node, request, policy)
     if isinstance(request, GpuShare):
-        return place_share(node, request, max_sharers=policy.max_sharers_per_gpu)
+        return place_share(node, request, workload, max_sharers=policy.max_sharers_per_gpu)
     if isinstance(request, MigSlice):
         return place_mig_slice(node, request)
     raise TypeError(f"unknown request type {type(request).__name__}")

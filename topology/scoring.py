@@ -36,15 +36,14 @@ exact deltas does worse (docs/BENCHMARKS.md, "Cluster packing"). Only the multi-
 depends on the other candidates, and only through their maximum, so scoring a list with
 duplicates of a node's state gives that state the same score. Everything is deterministic.
 
-By default the terms see GPUs only: `NodeState` carries no CPU, so a placement that leaves a
-node's idle GPUs without CPU is not penalised (FGD's own measure includes CPU). A caller that
-knows the node's free CPU and memory before and after the pod, and a typical workload with CPU
-shapes, passes them as `NodeResourcesContext` to `node_terms`; the fragmentation delta is then
-FGD's measure against that workload with CPU and memory counted, so a placement that leaves
-idle GPUs on a node too short of CPU for the typical pods scores lower. The extender does not
-track node CPU or memory yet (and learns no workload), so in production this path is off; the
-cluster simulator's "ours+cpu" policy shows what it buys (docs/BENCHMARKS.md, "Cluster
-packing").
+The fragmentation delta is FGD's measure against a typical workload. By default it sees GPUs
+only, against `topology.fragmentation.DEFAULT_WORKLOAD`; a caller that knows the node's free
+CPU and memory before and after the pod and a workload with CPU shapes (the extender: from its
+node and pod watches and `topology.workload_learning`) passes them as `NodeResourcesContext`,
+and the delta then counts idle GPUs left on a node too short of CPU or memory for the typical
+pods. With the node's CPU capacity it also gives the CPU/GPU balance after the pod
+(`RawTerms.imbalance`), which `topology.node_choice` ranks by when the extender decides the
+node itself.
 """
 
 from __future__ import annotations
@@ -79,7 +78,8 @@ class NodeResourcesContext:
     With it, `node_terms` measures fragmentation with
     `topology.fragmentation.node_state_fragmentation(state, workload, cpu, memory)` before and
     after the placement instead of the GPU-only `fragmentation` callable. `None` CPU or memory
-    means unconstrained. Not used by the extender yet: it does not track node CPU or memory.
+    means unconstrained. `cpu_capacity_milli` (the node's allocatable CPU, optional) gives the
+    CPU/GPU balance after the pod (`imbalance_after`).
     """
 
     free_cpu_milli_before: int | None
@@ -87,6 +87,7 @@ class NodeResourcesContext:
     free_cpu_milli_after: int | None
     free_memory_mib_after: int | None
     workload: Workload
+    cpu_capacity_milli: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +142,7 @@ class RawTerms:
     placement: Placement
     fragmentation: float = 0.5
     link_relative: bool = False
+    imbalance: float = 0.0  # |free CPU share - free GPU share| after the pod (0 when CPU is unknown)
 
 
 def pair_preserved(before: NodeState, placement: Placement) -> float:
@@ -201,6 +203,22 @@ def packing_term(util_before: float, util_after: float, policy: Policy) -> float
     return 1.0 - PACKING_SPREAD + PACKING_SPREAD * fullness
 
 
+#: The free CPU share is counted in whole percent, so equal bands give equal terms.
+CPU_SHARE_STEPS = 100
+
+
+def imbalance_after(
+    free_cpu_milli_after: int, cpu_capacity_milli: int, gpu_utilisation_after: float
+) -> float:
+    """|free CPU share - free GPU share| of a node after a pod: 0 when both run out together.
+
+    The free CPU share is rounded down to whole percent (`CPU_SHARE_STEPS`)."""
+    if cpu_capacity_milli <= 0:
+        return 0.0
+    steps = max(0, min(CPU_SHARE_STEPS, CPU_SHARE_STEPS * free_cpu_milli_after // cpu_capacity_milli))
+    return abs(steps / CPU_SHARE_STEPS - (1.0 - gpu_utilisation_after))
+
+
 def node_terms(
     state: NodeState,
     placement: Placement,
@@ -213,8 +231,7 @@ def node_terms(
 
     `resources` (optional) gives the node's free CPU and memory before and after the pod and a
     typical workload; the fragmentation delta then counts CPU and memory against that workload
-    and `fragmentation` is not used. The extender passes none (it does not track node CPU yet),
-    so in production the CPU term is off; the cluster simulator's "ours+cpu" passes it.
+    and `fragmentation` is not used; with the node's CPU capacity it also gives `imbalance`.
     """
     s = placement.score
     multi = isinstance(request, WholeGpus) and request.count > 1
@@ -232,6 +249,9 @@ def node_terms(
         ) - node_state_fragmentation(state, r.workload, r.free_cpu_milli_before, r.free_memory_mib_before)
     util_before, util_after = utilisation(state), utilisation(after)
     packing = packing_term(util_before, util_after, policy)
+    imbalance = 0.0
+    if resources is not None and resources.cpu_capacity_milli and resources.free_cpu_milli_after is not None:
+        imbalance = imbalance_after(resources.free_cpu_milli_after, resources.cpu_capacity_milli, util_after)
     return RawTerms(
         node=state.name,
         link=link,
@@ -240,6 +260,7 @@ def node_terms(
         placement=placement,
         fragmentation=fragmentation_term(delta),
         link_relative=multi,
+        imbalance=imbalance,
     )
 
 

@@ -6,7 +6,8 @@ through pluggable node-scoring policies (the paper's six baselines and "ours"), 
 
 Modules: `trace` (files), `protocol` (arrivals, metrics), `cluster` and `frag_table` (state,
 cached FGD measure), `policy` (interfaces), `baselines`, `fgd_policy`, `ours`, `topologies`,
-`simulate`, `report`, `registry`.
+`simulate`, `report`, `registry`; `replay` (a sample through the real kube-scheduler and the
+extender, against the simulator).
 """
 
 import os

@@ -44,7 +44,8 @@ class SimulatedCluster:
         self.gpu_count: IntArray = np.array([n.gpu_count for n in nodes], dtype=np.int64)
         self.cpu_capacity: IntArray = np.array([n.cpu_milli for n in nodes], dtype=np.int64)
         self.cpu_left: IntArray = self.cpu_capacity.copy()
-        self.memory_left: IntArray = np.array([n.memory_mib for n in nodes], dtype=np.int64)
+        self.memory_capacity: IntArray = np.array([n.memory_mib for n in nodes], dtype=np.int64)
+        self.memory_left: IntArray = self.memory_capacity.copy()
         self.gpu_left: IntArray = np.zeros((self.size, MAX_GPUS), dtype=np.int64)
         for i, node in enumerate(nodes):
             self.gpu_left[i, : node.gpu_count] = MILLI_PER_GPU

@@ -1,33 +1,31 @@
-"""Linkpack's own policy in the simulator ("ours"): the extender's filter, prioritize and placement.
+"""Linkpack's own policy in the simulator ("ours"): the extender's filter and node decision.
 
 Every openb node gets a topology (`bench.cluster.topologies`) and a `topology.scheduling.NodeState`
 (shares in units of 1/1000 GPU, so trace shares map exactly; whole-held GPUs marked whole).
-For a GPU pod, on every node that passed the simulator's shared filter (CPU, memory, GPU
-model, GPU fit: the same for every policy):
+The run keeps a `topology.workload_learning.WorkloadLearner` fed with every arriving pod before
+it is scheduled, as the extender's store is fed by its pod watch. For a GPU pod, on every node
+that passed the simulator's shared filter (CPU, memory, GPU model, GPU fit: the same for every
+policy), exactly what `extender.decisions.Decider` does under the extender's default policy
+(`ExtenderConfig().policy(None)`, which decides the node):
 
-- filter: `topology.placement.place(state, request, policy)`, as `extender.decisions.Decider`
-  does; a `Misfit` takes the node out;
-- prioritize: `topology.scoring.node_terms(state, placement, request, policy, fragmentation)`
-  per node and `topology.scoring.combine(terms, policy)` over the candidates, with the policy
-  and the fragmentation measure the extender uses by default
-  (`extender.config.ExtenderConfig().policy(None)`, `topology.scoring.default_fragmentation()`);
-- the node with the highest integer score wins; ties go to the seed's fixed node order,
-  as for every other policy; the pod gets the GPUs `place` chose.
+- filter: `topology.placement.place(state, request, policy, workload)` with the learned
+  workload; a `Misfit` takes the node out;
+- decision: `topology.scoring.node_terms(...)` with `NodeResourcesContext` (the node's free CPU
+  and memory before and after the pod, its CPU capacity, the learned workload), ranked by
+  `topology.node_choice`: `rank_terms` per candidate, then `name_rank` of the node's name; the
+  lowest key wins and the pod gets the GPUs `place` chose.
 
-"ours+cpu" (`ours_cpu_factory`) is the same, except that `node_terms` also gets each node's
-free CPU and memory before and after the pod and the trace's typical workload
-(`topology.scoring.NodeResourcesContext`): what the extender's scoring would do if it tracked
-node CPU, which it does not yet. Its memo key adds the bands of free CPU and memory the
-workload's needs cut (`Thresholds`), so it stays exact and nearly as fast.
+CPU-only pods never reach the extender (it manages GPU resources only; kube-scheduler places
+them with its own scores), so they go by kube-scheduler's default scoring
+(`kube_default_choice`: NodeResourcesFit LeastAllocated plus NodeResourcesBalancedAllocation
+over CPU and memory, ties at random).
 
-CPU-only pods never reach the extender (it manages GPU resources only, and answers score 0
-for everything else), so they go to the first feasible node in the fixed order.
-
-Speed: nodes with the same topology and usage give the same `place` result and terms, so they
-form a class; `place` and `node_terms` run once per (class, request), the way the extender
-memoises them per node version, and `combine` scores one representative per class. That is
-exact because `combine` scores each candidate on its own terms plus, for multi-GPU sets, the
-best candidate's link values, which duplicates do not change (tests/bench checks it).
+Speed: the terms of a node depend only on its topology kind and GPU usage (its class), the
+bands of free CPU and memory the workload's needs cut before and after the pod, the whole
+percent of free CPU after the pod and the node's CPU capacity; `place` runs once per (class,
+request) and `node_terms` once per such key and workload version, computed from the first node
+met with that key (any other gives the same terms). tests/bench checks that this equals
+running the functions on every node.
 """
 
 from __future__ import annotations
@@ -38,22 +36,23 @@ import numpy as np
 
 from bench.cluster.cluster import Decision, SimulatedCluster
 from bench.cluster.frag_table import IntArray
-from bench.cluster.policy import ClusterPolicy, RunContext, pick_best
+from bench.cluster.policy import ClusterPolicy, RunContext
 from bench.cluster.topologies import topology_for
 from bench.cluster.trace import MILLI_PER_GPU, TracePod
 from extender.config import ExtenderConfig
 from topology.fragmentation import Workload
 from topology.model import NodeTopology
+from topology.node_choice import best_bottleneck, name_rank, rank_terms
 from topology.placement import place
 from topology.scheduling import GpuShare, GpuUsage, NodeState, Placement, Policy, Request, WholeGpus
 from topology.scoring import (
-    Fragmentation,
+    CPU_SHARE_STEPS,
     NodeResourcesContext,
     RawTerms,
-    combine,
     default_fragmentation,
     node_terms,
 )
+from topology.workload_learning import WorkloadLearner
 
 UsageKey = tuple[int, ...]  # free milli per GPU, -1 for a GPU held whole
 
@@ -81,20 +80,29 @@ def node_state(name: str, topology: NodeTopology, usage: UsageKey) -> NodeState:
     return NodeState(name, topology, gpus, units_per_gpu=MILLI_PER_GPU)
 
 
-class PlacementMemo:
-    """Node classes (topology kind + usage), and per (class, request) the extender's terms.
+class Thresholds:
+    """Free CPU (or memory) → the largest threshold of the workload at or below it, as an index.
 
-    Shared by the runs one factory builds (one policy), like the extender's per-node memo.
+    The measure compares free CPU and memory only against the typical requests' needs, so all
+    values between two consecutive needs measure the same; the index names that band.
     """
 
-    def __init__(self, policy: Policy, fragmentation: Fragmentation) -> None:
+    def __init__(self, needs: Iterable[int]) -> None:
+        self.values: IntArray = np.array(sorted({0, *needs}), dtype=np.int64)
+
+    def index(self, free: IntArray) -> IntArray:
+        return np.searchsorted(self.values, free, side="right") - 1
+
+
+class ClassBook:
+    """Node classes (topology kind + GPU usage) and `place` per (class, request, workload)."""
+
+    def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.fragmentation = fragmentation
         self.classes: dict[tuple[tuple[str, int], UsageKey], int] = {}
         self.keys: list[tuple[tuple[str, int], UsageKey]] = []
         self.states: dict[int, NodeState] = {}
-        self.placements: dict[tuple[int, Request], Placement | None] = {}
-        self.terms: dict[tuple[int, Request], RawTerms | None] = {}
+        self.placements: dict[tuple[int, Request, Workload], Placement | None] = {}
 
     def class_id(self, kind: tuple[str, int], usage: UsageKey) -> int:
         key = (kind, usage)
@@ -113,46 +121,118 @@ class PlacementMemo:
             self.states[class_id] = state
         return state
 
-    def placement_of(self, class_id: int, request: Request) -> Placement | None:
+    def placement_of(self, class_id: int, request: Request, workload: Workload) -> Placement | None:
         """`place` (filter) for one class; None when it does not fit."""
-        key = (class_id, request)
+        key = (class_id, request, workload)
         if key in self.placements:
             return self.placements[key]
-        outcome = place(self.state_of(class_id), request, self.policy)
+        if len(self.placements) > 400_000:
+            self.placements.clear()
+        outcome = place(self.state_of(class_id), request, self.policy, workload)
         found = outcome if isinstance(outcome, Placement) else None
         self.placements[key] = found
         return found
 
-    def terms_of(self, class_id: int, request: Request) -> RawTerms | None:
-        """`place` (filter) then `node_terms` (prioritize) for one class; None when it does not fit."""
-        key = (class_id, request)
-        if key in self.terms:
-            return self.terms[key]
-        placement = self.placement_of(class_id, request)
+
+class TermsBook:
+    """`node_terms` per decision key under one learned workload (see the module docstring)."""
+
+    def __init__(self, book: ClassBook, workload: Workload) -> None:
+        self.book = book
+        self.workload = workload
+        shapes = [m for m in workload if m.needs_gpu]
+        self.cpu = Thresholds(m.cpu_milli for m in shapes)
+        self.memory = Thresholds(m.memory_mib for m in shapes if m.memory_mib)
+        self.terms: dict[tuple[object, ...], RawTerms | None] = {}
+        self.fragmentation = default_fragmentation()
+
+    def terms_of(
+        self, key: tuple[int, ...], class_id: int, request: Request, free: tuple[int, int, int, int, int]
+    ) -> RawTerms | None:
+        memo_key = (*key, request)
+        if memo_key in self.terms:
+            return self.terms[memo_key]
+        placement = self.book.placement_of(class_id, request, self.workload)
         found = None
         if placement is not None:
-            found = node_terms(self.state_of(class_id), placement, request, self.policy, self.fragmentation)
-        self.terms[key] = found
+            cpu_before, memory_before, cpu_after, memory_after, capacity = free
+            resources = NodeResourcesContext(
+                cpu_before, memory_before, cpu_after, memory_after, self.workload, capacity
+            )
+            found = node_terms(
+                self.book.state_of(class_id),
+                placement,
+                request,
+                self.book.policy,
+                self.fragmentation,
+                resources,
+            )
+        self.terms[memo_key] = found
         return found
 
 
+def kube_default_choice(
+    cluster: SimulatedCluster,
+    pod: TracePod,
+    feasible: IntArray,
+    rng: np.random.Generator,
+    most_allocated: bool = True,
+) -> int:
+    """kube-scheduler's node for a pod without GPUs under Linkpack's scheduler profile:
+    NodeResourcesFit (MostAllocated, or LeastAllocated as kube-scheduler's own default) plus
+    NodeResourcesBalancedAllocation, over CPU and memory with equal weights, integer scores
+    0..100 each, summed; ties at random."""
+    cpu_cap = np.maximum(cluster.cpu_capacity[feasible], 1)
+    mem_cap = np.maximum(cluster.memory_capacity[feasible], 1)
+    cpu_req = cpu_cap - cluster.cpu_left[feasible] + pod.cpu_milli
+    mem_req = mem_cap - cluster.memory_left[feasible] + pod.memory_mib
+    if most_allocated:
+        fit = (cpu_req * 100 // cpu_cap + mem_req * 100 // mem_cap) // 2
+    else:
+        fit = ((cpu_cap - cpu_req) * 100 // cpu_cap + (mem_cap - mem_req) * 100 // mem_cap) // 2
+    cpu_frac = np.minimum(1.0, cpu_req / cpu_cap)
+    mem_frac = np.minimum(1.0, mem_req / mem_cap)
+    balanced = np.trunc((1.0 - np.abs(cpu_frac - mem_frac) / 2.0) * 100).astype(np.int64)
+    score = fit + balanced
+    best = np.flatnonzero(score == score.max())
+    return int(feasible[best[int(rng.integers(len(best)))]])
+
+
 class OursPolicy:
-    def __init__(self, context: RunContext, memo: PlacementMemo):
+    def __init__(
+        self,
+        context: RunContext,
+        book: ClassBook,
+        terms_books: dict[Workload, TermsBook],
+        cpu_only: str = "first",
+    ):
         cluster = context.cluster
-        self.priority = context.priority
-        self.memo = memo
+        self.cpu_only = cpu_only
+        self.rng = context.rng
+        self.book = book
+        self.terms_books = terms_books
+        self.learner = WorkloadLearner()
         self.kinds = [(n.model, n.gpu_count) for n in cluster.nodes]
+        self.names = [n.name for n in cluster.nodes]
+        self.rank: IntArray = np.array([name_rank(n) for n in self.names], dtype=np.int64)
+        capacities = sorted(set(cluster.cpu_capacity.tolist()))
+        assert len(capacities) <= 64 and len(self.book.keys) < 2**20
+        self.capacity_index: IntArray = np.searchsorted(np.array(capacities), cluster.cpu_capacity)
         self.class_of: IntArray = np.zeros(cluster.size, dtype=np.int64)
         self._versions = cluster.version.copy()
         for node in range(cluster.size):
             self.class_of[node] = self._class_id(cluster, node)
+
+    def observe(self, pod: TracePod) -> None:
+        """The extender's store sees every pod as it is created, before it is scheduled."""
+        self.learner.observe(pod.shape)
 
     def _class_id(self, cluster: SimulatedCluster, node: int) -> int:
         count = int(cluster.gpu_count[node])
         row = cluster.gpu_left[node, :count].tolist()
         held = cluster.whole_held[node, :count].tolist()
         usage = tuple(-1 if h else int(v) for v, h in zip(row, held, strict=True))
-        return self.memo.class_id(self.kinds[node], usage)
+        return self.book.class_id(self.kinds[node], usage)
 
     def _refresh_classes(self, cluster: SimulatedCluster) -> None:
         changed = np.flatnonzero(cluster.version != self._versions)
@@ -160,146 +240,84 @@ class OursPolicy:
             self.class_of[node] = self._class_id(cluster, node)
         self._versions[changed] = cluster.version[changed]
 
-    def _keys(self, cluster: SimulatedCluster, pod: TracePod, feasible: IntArray) -> IntArray:
-        """Per feasible node, a key such that equal keys give equal terms."""
-        return self.class_of[feasible]
-
-    def _terms(self, key: int, request: Request) -> RawTerms | None:
-        return self.memo.terms_of(key, request)
+    def _terms_book(self) -> TermsBook:
+        workload = self.learner.workload
+        found = self.terms_books.get(workload)
+        if found is None:
+            if len(self.terms_books) >= 64:
+                self.terms_books.pop(next(iter(self.terms_books)))
+            found = self.terms_books[workload] = TermsBook(self.book, workload)
+        return found
 
     def decide(self, cluster: SimulatedCluster, pod: TracePod, feasible: IntArray) -> Decision | None:
         request = request_for(pod)
         if request is None:
-            return Decision(pick_best(np.zeros(len(feasible)), feasible, self.priority), ())
+            if self.cpu_only == "first":
+                return Decision(int(feasible[np.argmin(self.rank[feasible])]), ())
+            return Decision(
+                kube_default_choice(cluster, pod, feasible, self.rng, self.cpu_only == "most"), ()
+            )
         self._refresh_classes(cluster)
-        keys, inverse = np.unique(self._keys(cluster, pod, feasible), return_inverse=True)
-        terms = [self._terms(k, request) for k in keys.tolist()]
-        fitting = [i for i, t in enumerate(terms) if t is not None]
-        if not fitting:
-            return None
-        ranking = combine([t for t in terms if t is not None], self.memo.policy)
-        key_scores = np.full(len(keys), -1, dtype=np.int64)
-        key_scores[fitting] = ranking.scores
-        best = pick_best(key_scores[inverse], feasible, self.priority)
-        chosen = terms[int(inverse[np.flatnonzero(feasible == best)[0]])]
-        assert chosen is not None
-        return Decision(best, chosen.placement.gpus)
-
-
-def ours_factory(policy: Policy | None = None) -> Callable[[RunContext], ClusterPolicy]:
-    """ "ours" with the extender's default policy; terms are shared across the runs it builds."""
-    memo = PlacementMemo(policy or extender_default_policy(), default_fragmentation())
-
-    def build(context: RunContext) -> ClusterPolicy:
-        return OursPolicy(context, memo)
-
-    return build
-
-
-# ----------------------------------------------------------------------------- ours+cpu
-
-
-def scoring_workload(workload: Workload) -> Workload:
-    """The typical workload "ours+cpu" scores against: the trace's M without its CPU-only shapes.
-
-    M is the workload FGD gets (`bench.cluster.trace.paper_workload`: the trace's most popular
-    pod shapes, CPU included) and stands for the workload an extender would learn from the pods
-    it sees. CPU-only shapes are dropped, as in `topology.fragmentation.DEFAULT_WORKLOAD`: they
-    add the same amount to every node's delta for a pod, which only shifts the absolute sigmoid
-    of the fragmentation term.
-    """
-    return tuple(m for m in workload if m.needs_gpu)
-
-
-class Thresholds:
-    """Free CPU (or memory) → the largest threshold of the workload at or below it, as an index.
-
-    The measure compares free CPU and memory only against the typical requests' needs, so all
-    values between two consecutive needs measure the same; the index names that band.
-    """
-
-    def __init__(self, needs: Iterable[int]) -> None:
-        self.values: IntArray = np.array(sorted({0, *needs}), dtype=np.int64)
-
-    def index(self, free: IntArray) -> IntArray:
-        return np.searchsorted(self.values, free, side="right") - 1
-
-    def value(self, index: int) -> int:
-        return int(self.values[index])
-
-
-class CpuMemo:
-    """ "ours+cpu" terms per (node class, request, CPU and memory bands before and after the pod)."""
-
-    def __init__(self, base: PlacementMemo, workload: Workload) -> None:
-        self.base = base
-        self.workload = scoring_workload(workload)
-        gpu_shapes = [m for m in self.workload if m.needs_gpu]
-        self.cpu = Thresholds(m.cpu_milli for m in gpu_shapes)
-        self.memory = Thresholds(m.memory_mib for m in gpu_shapes if m.memory_mib)
-        self.terms: dict[tuple[int, Request], RawTerms | None] = {}
-
-    def terms_of(self, key: int, request: Request) -> RawTerms | None:
-        memo_key = (key, request)
-        if memo_key in self.terms:
-            return self.terms[memo_key]
-        nc, nm = len(self.cpu.values), len(self.memory.values)
-        key, mem_after = divmod(key, nm)
-        key, mem_before = divmod(key, nm)
-        key, cpu_after = divmod(key, nc)
-        class_id, cpu_before = divmod(key, nc)
-        placement = self.base.placement_of(class_id, request)
-        found = None
-        if placement is not None:
-            resources = NodeResourcesContext(
-                free_cpu_milli_before=self.cpu.value(cpu_before),
-                free_memory_mib_before=self.memory.value(mem_before),
-                free_cpu_milli_after=self.cpu.value(cpu_after),
-                free_memory_mib_after=self.memory.value(mem_after),
-                workload=self.workload,
-            )
-            state = self.base.state_of(class_id)
-            found = node_terms(
-                state, placement, request, self.base.policy, self.base.fragmentation, resources
-            )
-        self.terms[memo_key] = found
-        return found
-
-
-class OursCpuPolicy(OursPolicy):
-    """ "ours" plus each node's free CPU and memory and the trace's typical workload (see `CpuMemo`)."""
-
-    def __init__(self, context: RunContext, memo: PlacementMemo, cpu_memo: CpuMemo):
-        super().__init__(context, memo)
-        self.cpu_memo = cpu_memo
-
-    def _keys(self, cluster: SimulatedCluster, pod: TracePod, feasible: IntArray) -> IntArray:
-        cpu, memory = self.cpu_memo.cpu, self.cpu_memo.memory
-        nc, nm = len(cpu.values), len(memory.values)
+        terms_book = self._terms_book()
+        cpu, memory = terms_book.cpu, terms_book.memory
         cpu_left = cluster.cpu_left[feasible]
         memory_left = cluster.memory_left[feasible]
-        key = self.class_of[feasible] * nc + cpu.index(cpu_left)
-        key = key * nc + cpu.index(cpu_left - pod.cpu_milli)
-        key = key * nm + memory.index(memory_left)
-        return key * nm + memory.index(memory_left - pod.memory_mib)
+        capacity = cluster.cpu_capacity[feasible]
+        cpu_after = cpu_left - pod.cpu_milli
+        memory_after = memory_left - pod.memory_mib
+        percent = np.clip(CPU_SHARE_STEPS * cpu_after // np.maximum(capacity, 1), 0, CPU_SHARE_STEPS)
+        # one int64 per node: class, the four bands, the CPU percent, the capacity's index
+        packed = self.class_of[feasible]
+        for column, size in (
+            (cpu.index(cpu_left), 64),
+            (cpu.index(cpu_after), 64),
+            (memory.index(memory_left), 64),
+            (memory.index(memory_after), 64),
+            (percent, 128),
+            (self.capacity_index[feasible], 64),
+        ):
+            packed = packed * size + column
+        keys, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        terms: list[RawTerms | None] = []
+        for k, row in zip(keys.tolist(), first.tolist(), strict=True):
+            free = (
+                int(cpu_left[row]),
+                int(memory_left[row]),
+                int(cpu_after[row]),
+                int(memory_after[row]),
+                int(capacity[row]),
+            )
+            terms.append(terms_book.terms_of((k,), int(self.class_of[feasible[row]]), request, free))
+        fitting = [t for t in terms if t is not None]
+        if not fitting:
+            return None
+        best = best_bottleneck(fitting)
+        key_ranks = [rank_terms(t, best) if t is not None else None for t in terms]
+        ok = np.array([r is not None for r in key_ranks], dtype=np.bool_)[inverse]
+        width = len(next(r for r in key_ranks if r is not None))
+        table = np.array([r if r is not None else (0,) * width for r in key_ranks], dtype=np.int64)
+        nodes = feasible[ok]
+        ranked = table[inverse[ok]]
+        order = np.lexsort((self.rank[nodes], *[ranked[:, i] for i in reversed(range(width))]))
+        chosen = int(nodes[order[0]])
+        # equal CRC-32 ranks would fall back to the name; the trace's names have none
+        placement = terms[int(inverse[np.flatnonzero(feasible == chosen)[0]])]
+        assert placement is not None
+        return Decision(chosen, placement.placement.gpus)
 
-    def _terms(self, key: int, request: Request) -> RawTerms | None:
-        return self.cpu_memo.terms_of(key, request)
 
-
-def ours_cpu_factory(policy: Policy | None = None) -> Callable[[RunContext], ClusterPolicy]:
-    """ "ours+cpu": "ours" told each node's free CPU/memory and the trace's typical workload.
-
-    The extender does not track node CPU yet, so this measures what that would buy. Memos are
-    shared across the runs the factory builds, one CPU memo per workload (trace).
-    """
-    memo = PlacementMemo(policy or extender_default_policy(), default_fragmentation())
-    cpu_memos: dict[Workload, CpuMemo] = {}
+def ours_factory(
+    policy: Policy | None = None, cpu_only: str = "first"
+) -> Callable[[RunContext], ClusterPolicy]:
+    """ "ours" under the extender's default policy; placements and terms are shared across the
+    runs it builds. `cpu_only`: where pods without GPUs go ("first": the first feasible node in
+    the fixed name order; "least" / "most": kube-scheduler's LeastAllocated / MostAllocated
+    scoring with BalancedAllocation)."""
+    book = ClassBook(policy or extender_default_policy())
+    terms_books: dict[Workload, TermsBook] = {}
 
     def build(context: RunContext) -> ClusterPolicy:
-        cpu_memo = cpu_memos.get(context.workload)
-        if cpu_memo is None:
-            cpu_memo = cpu_memos[context.workload] = CpuMemo(memo, context.workload)
-        return OursCpuPolicy(context, memo, cpu_memo)
+        return OursPolicy(context, book, terms_books, cpu_only)
 
     return build

@@ -74,8 +74,11 @@ def schedule(cluster: SimulatedCluster, arrivals: Sequence[TracePod], policy: Cl
     arrived_total = 0
     allocated_total = 0
     links = LinkAudit()
+    observe = getattr(policy, "observe", None)  # a policy that learns from the pods it sees
     for step, pod in enumerate(arrivals):
         arrived_total += pod.gpu_total_milli
+        if observe is not None:
+            observe(pod)
         feasible = cluster.feasible(pod)
         decision = policy.decide(cluster, pod, feasible) if len(feasible) else None
         if decision is not None:

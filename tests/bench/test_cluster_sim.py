@@ -317,59 +317,6 @@ def test_cli_parses_seed_ranges_and_policy_lists() -> None:
         parse_policies("tetris")
 
 
-def test_ours_decides_as_scoring_every_node_through_the_extender_would() -> None:
-    from bench.cluster.ours import extender_default_policy, node_state, ours_factory, request_for
-    from topology.placement import place
-    from topology.scheduling import Placement
-    from topology.scoring import rank_nodes
-
-    workload = _workload((500, 1, 0.5), (1000, 1, 0.5))
-    nodes = tuple(
-        _node(f"n{i}", g, model=m) for i, (g, m) in enumerate([(8, "G2"), (8, "G2"), (2, "T4"), (8, "G3")])
-    )
-    cluster = SimulatedCluster(nodes, workload)
-    context = _context(cluster, workload=workload)
-    policy = ours_factory()(context)
-    pods = [
-        _pod("a", 1000),
-        _pod("b", 470),
-        _pod("c", 1000, 2),
-        _pod("d", 810),
-        _pod("e", 530),
-        _pod("f", 1000, 4),
-    ]
-    default = extender_default_policy()
-    for pod in pods:
-        feasible = cluster.feasible(pod)
-        decision = policy.decide(cluster, pod, feasible)
-        assert decision is not None
-        # the same decision from per-node states, `place` and `rank_nodes` over all feasible nodes
-        request = request_for(pod)
-        assert request is not None
-        candidates = []
-        for node in feasible.tolist():
-            count = int(cluster.gpu_count[node])
-            usage = tuple(
-                -1 if held else int(free)
-                for free, held in zip(
-                    cluster.gpu_left[node, :count], cluster.whole_held[node, :count], strict=True
-                )
-            )
-            state = node_state(nodes[node].name, topology_for(nodes[node].model, count), usage)
-            outcome = place(state, request, default)
-            assert isinstance(outcome, Placement)
-            candidates.append((node, state, outcome))
-        ranking = rank_nodes([(s, p) for _, s, p in candidates], request, default)
-        top = max(ranking.scores)
-        expected = min(
-            (int(context.priority[n]), n, p.gpus)
-            for (n, _, p), s in zip(candidates, ranking.scores, strict=True)
-            if s == top
-        )
-        assert (decision.node, decision.gpus) == (expected[1], expected[2])
-        cluster.assign(pod, decision)
-
-
 def test_the_link_audit_counts_multi_gpu_pods_on_their_nodes_best_ring() -> None:
     from bench.cluster.simulate import LinkAudit
 
@@ -382,32 +329,26 @@ def test_the_link_audit_counts_multi_gpu_pods_on_their_nodes_best_ring() -> None
     assert audit.gbps_total > 0
 
 
-def test_ours_cpu_decides_as_node_terms_with_each_nodes_exact_cpu_would() -> None:
-    from bench.cluster.ours import (
-        extender_default_policy,
-        node_state,
-        ours_cpu_factory,
-        request_for,
-        scoring_workload,
-    )
+def test_ours_decides_as_the_extender_would_on_every_node_with_its_exact_cpu() -> None:
+    """Each decision equals `place` + `node_terms` (exact free CPU/memory, CPU capacity, the
+    learned workload) on every feasible node and `topology.node_choice.choose_node` over them:
+    the node classes and CPU bands of the simulator change nothing."""
+    from bench.cluster.ours import extender_default_policy, node_state, ours_factory, request_for
+    from topology.node_choice import choose_node
     from topology.placement import place
     from topology.scheduling import Placement
-    from topology.scoring import NodeResourcesContext, combine, default_fragmentation, node_terms
+    from topology.scoring import NodeResourcesContext, default_fragmentation, node_terms
 
-    workload = (
-        TypicalRequest(1000, 1, 8000, 0, 0.4),
-        TypicalRequest(500, 1, 4000, 0, 0.4),
-        TypicalRequest(0, 0, 16_000, 0, 0.2),
-    )
+    workload = (TypicalRequest(1000, 1, 8000, 0, 0.5), TypicalRequest(500, 1, 4000, 0, 0.5))
     nodes = tuple(
         _node(f"n{i}", g, cpu=c, model=m)
         for i, (g, c, m) in enumerate(
-            [(8, 40_000, "G2"), (8, 96_000, "G2"), (2, 20_000, "T4"), (8, 64_000, "G3")]
+            [(8, 40_000, "G2"), (8, 96_000, "G2"), (2, 20_000, "T4"), (8, 64_000, "G3"), (8, 96_000, "G2")]
         )
     )
     cluster = SimulatedCluster(nodes, workload)
     context = _context(cluster, workload=workload)
-    policy = ours_cpu_factory()(context)
+    policy = ours_factory()(context)
     pods = [
         _pod(f"p{i}", milli, count, cpu)
         for i, (milli, count, cpu) in enumerate(
@@ -420,17 +361,22 @@ def test_ours_cpu_decides_as_node_terms_with_each_nodes_exact_cpu_would() -> Non
                 (1000, 4, 30_000),
                 (1000, 1, 7000),
                 (250, 1, 5000),
+                (0, 0, 4000),
+                (320, 1, 11_000),
             ]
         )
     ]
     default = extender_default_policy()
-    measured = scoring_workload(workload)
-    assert all(m.needs_gpu for m in measured) and len(measured) == 2
     for pod in pods:
+        policy.observe(pod)  # type: ignore[attr-defined]
+        learned = policy.learner.workload  # type: ignore[attr-defined]
         feasible = cluster.feasible(pod)
         decision = policy.decide(cluster, pod, feasible)
         request = request_for(pod)
-        assert request is not None
+        if request is None:
+            assert decision is not None and decision.gpus == ()
+            cluster.assign(pod, decision)
+            continue
         terms = []
         for node in feasible.tolist():
             count = int(cluster.gpu_count[node])
@@ -441,21 +387,23 @@ def test_ours_cpu_decides_as_node_terms_with_each_nodes_exact_cpu_would() -> Non
                 )
             )
             state = node_state(nodes[node].name, topology_for(nodes[node].model, count), usage)
-            outcome = place(state, request, default)
+            outcome = place(state, request, default, learned)
             if not isinstance(outcome, Placement):
                 continue
             cpu, memory = int(cluster.cpu_left[node]), int(cluster.memory_left[node])
             resources = NodeResourcesContext(
-                cpu, memory, cpu - pod.cpu_milli, memory - pod.memory_mib, measured
+                cpu,
+                memory,
+                cpu - pod.cpu_milli,
+                memory - pod.memory_mib,
+                learned,
+                int(cluster.cpu_capacity[node]),
             )
-            terms.append(
-                (node, node_terms(state, outcome, request, default, default_fragmentation(), resources))
-            )
-        if not terms:
+            terms.append(node_terms(state, outcome, request, default, default_fragmentation(), resources))
+        best = choose_node(terms)
+        if best is None:
             assert decision is None
             continue
-        scores = combine([t for _, t in terms], default).scores
-        best = max(scores)
-        expected = min((n for (n, _), s in zip(terms, scores, strict=True) if s == best))  # node order
-        assert decision is not None and decision.node == expected
+        assert decision is not None
+        assert (nodes[decision.node].name, decision.gpus) == (best.node, best.placement.gpus)
         cluster.assign(pod, decision)

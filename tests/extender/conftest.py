@@ -49,7 +49,9 @@ def two_socket_pcie(prefix: str = "pcie") -> NodeTopology:
 
 @pytest.fixture
 def config() -> ExtenderConfig:
-    return ExtenderConfig()
+    # These tests exercise filter and prioritize as a pair; deciding the node in filter (the
+    # built-in default) is covered by tests/extender/test_node_decision.py.
+    return ExtenderConfig(decide_node=False)
 
 
 @pytest.fixture

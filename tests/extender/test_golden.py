@@ -23,7 +23,7 @@ def _golden(verb: str) -> dict[str, Any]:
 
 
 def test_captured_filter_prioritize_and_bind_are_served() -> None:
-    config = ExtenderConfig()
+    config = ExtenderConfig(decide_node=False)  # the captured payloads are of filter + prioritize
     cluster = InMemoryCluster(config)
     cluster.add_node(NodeFacts("golden-a"), as_published("golden-a", two_socket_pcie("a")))
     cluster.add_node(NodeFacts("golden-b"), as_published("golden-b", hgx_h100("b")))

@@ -60,3 +60,20 @@ def test_policies_list_their_rules_and_the_pods_they_decide_for() -> None:
     assert "built-in" in rows["binpack"] and rows["binpack"].endswith("ml/d")
     assert any(line.startswith("warning: broken:") and "maxSharersPerGpu" in line for line in lines)
     assert "cpu" not in out.getvalue()
+
+
+def test_policies_say_whether_they_decide_the_node() -> None:
+    """The DECIDES NODE column: yes by default and for built-in policies, no with decideNode: false."""
+    reader = FakeReader()
+    reader.policy_objects = {
+        "decides": policy("decides"),
+        "mixes": policy("mixes", decideNode=False),
+    }
+    reader.pod_objects = [gpu_pod("a", "ml", policy="binpack")]
+    out = io.StringIO()
+    assert run(argparse.Namespace(command="policies", units_per_gpu=None), reader, out) == 0
+    header, *lines = out.getvalue().splitlines()
+    assert "DECIDES NODE" in header
+    rows = {line.split()[0]: line.split() for line in lines if not line.startswith("warning")}
+    # the last three cells: DECIDES NODE, PODS, USED BY
+    assert rows["decides"][-3] == "yes" and rows["mixes"][-3] == "no" and rows["binpack"][-3] == "yes"

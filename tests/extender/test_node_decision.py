@@ -1,0 +1,150 @@
+"""The extender deciding the node itself (decideNode), and what it knows to do so: node CPU and
+memory from its node and pod watches, and the workload learned from the pods it sees."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from contract.compute_demand import ComputeDemand
+from contract.gpu_topology import as_published
+from extender.__main__ import handlers_for
+from extender.cluster_store import ClusterStore
+from extender.config import ExtenderConfig
+from extender.in_memory_cluster import InMemoryCluster
+from extender.pod_requests import PodRequest, read_pod_request
+from extender.service import ExtenderService
+from extender.snapshot import NodeFacts, TrackedPod
+from extender.translate import node_facts, tracked_pod
+from topology.fragmentation import PodShape
+from topology.node_choice import choose_node
+
+from .conftest import filter_args, gpu_pod, hgx_h100, two_socket_pcie
+
+pytestmark = pytest.mark.timeout(60)
+
+NODES = ["nv-node", "pcie-node"]
+
+
+@pytest.fixture
+def deciding() -> tuple[ExtenderService, InMemoryCluster]:
+    config = ExtenderConfig()  # built-in policies decide the node
+    cluster = InMemoryCluster(config)
+    allocatable = ComputeDemand(64_000, 512 * 1024)
+    cluster.add_node(NodeFacts("nv-node", allocatable=allocatable), as_published("nv-node", hgx_h100()))
+    cluster.add_node(
+        NodeFacts("pcie-node", allocatable=allocatable), as_published("pcie-node", two_socket_pcie())
+    )
+    service = ExtenderService(config, cluster)
+    cluster.run_watches(handlers_for(service), lambda: True)
+    return service, cluster
+
+
+def _with_cpu(pod: dict[str, Any], cpu: str, memory: str = "1Gi") -> dict[str, Any]:
+    pod["spec"]["containers"][0]["resources"]["requests"].update({"cpu": cpu, "memory": memory})
+    return pod
+
+
+def test_filter_answers_the_one_node_the_ranking_chooses(
+    deciding: tuple[ExtenderService, InMemoryCluster],
+) -> None:
+    """Under a deciding policy filter passes exactly the node `choose_node` ranks first and fails
+    the other fitting node with a reason naming the chosen one."""
+    service, _ = deciding
+    pod = _with_cpu(gpu_pod(gpus=1), "4")
+    result = service.filter(filter_args(pod, NODES))
+    assert len(result["NodeNames"]) == 1
+    chosen = result["NodeNames"][0]
+    other = next(n for n in NODES if n != chosen)
+    assert f"linkpack chose node {chosen}" in result["FailedNodes"][other]
+    snapshot = service.store.snapshot()
+    parsed = read_pod_request(pod, service.config, snapshot.book)
+    assert isinstance(parsed, PodRequest) and parsed.decide_node
+    terms = [
+        service.decider._terms(snapshot, service.decider._memo(parsed.request, parsed.policy), n, parsed)
+        for n in NODES
+    ]
+    best = choose_node([t for t in terms if t is not None])
+    assert best is not None and best.node == chosen
+
+
+def test_a_policy_with_decide_node_false_leaves_the_choice_to_the_scores(
+    deciding: tuple[ExtenderService, InMemoryCluster],
+) -> None:
+    """A GpuSchedulingPolicy with decideNode: false gets every fitting node back, as before."""
+    service, cluster = deciding
+    cluster.put_policy(
+        {
+            "apiVersion": "linkpack.io/v1alpha1",
+            "kind": "GpuSchedulingPolicy",
+            "metadata": {"name": "mix"},
+            "spec": {"decideNode": False},
+        }
+    )
+    result = service.filter(filter_args(gpu_pod(gpus=1, linkpack_io_policy="mix"), NODES))
+    assert result["NodeNames"] == NODES
+
+
+def _node(name: str, cpu: str = "64", memory: str = "256Gi") -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": {"allocatable": {"cpu": cpu, "memory": memory}}}
+
+
+def _pod(uid: str, node: str = "", cpu: str = "1", phase: str = "Running", gpus: int = 0) -> TrackedPod:
+    limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    return tracked_pod(
+        {
+            "metadata": {"name": uid, "namespace": "ml", "uid": uid},
+            "spec": {
+                "nodeName": node,
+                "initContainers": [
+                    {"name": "fetch", "resources": {"requests": {"cpu": "8", "memory": "1Gi"}}}
+                ],
+                "containers": [
+                    {
+                        "name": "main",
+                        "resources": {"requests": {"cpu": cpu, "memory": "2Gi", **limits}, "limits": limits},
+                    }
+                ],
+                "overhead": {"cpu": "250m"},
+            },
+            "status": {"phase": phase},
+        }
+    )
+
+
+def test_node_cpu_and_memory_free_count_every_pod_bound_there_and_not_finished() -> None:
+    """Allocatable minus the effective requests (init max, overhead) of the node's pods, GPU or not;
+    a finished or deleted pod gives its share back; a pending pod takes nothing."""
+    store = ClusterStore(100)
+    store.apply_node(node_facts(_node("n1")))
+    store.apply_pod(_pod("a", "n1", cpu="2"))  # init 8 > app 2: 8 + 0.25 overhead
+    store.apply_pod(_pod("b", "n1", cpu="10", gpus=1))  # 10.25
+    store.apply_pod(_pod("c", "", cpu="30"))  # pending
+    entry = store.snapshot().node("n1")
+    assert entry is not None and entry.free_compute == ComputeDemand(64_000 - 8250 - 10250, 256 * 1024 - 4096)
+    store.apply_pod(_pod("b", "n1", cpu="10", phase="Succeeded", gpus=1))
+    store.remove_pod("a")
+    entry = store.snapshot().node("n1")
+    assert entry is not None and entry.free_compute == ComputeDemand(64_000, 256 * 1024)
+
+
+def test_the_learned_workload_follows_the_gpu_pods_seen_deterministically() -> None:
+    """GPU pods are counted once each (CPU-only pods not at all); the same events give the same
+    workload, and the shapes seen most lead it."""
+
+    def feed() -> ClusterStore:
+        store = ClusterStore(100)
+        for i in range(300):
+            store.apply_pod(_pod(f"g{i}", cpu="12", gpus=1))
+            store.apply_pod(_pod(f"g{i}", "n1", cpu="12", gpus=1))  # the same pod, bound: not counted again
+            store.apply_pod(_pod(f"c{i}", "n1", cpu="3"))
+        return store
+
+    first, second = feed().snapshot(), feed().snapshot()
+    assert first.workload == second.workload and first.workload_version == second.workload_version > 0
+    top = first.workload[0]
+    assert (top.cpu_milli, top.gpu_milli, top.gpu_count) == (12_250, 1000, 1)
+    assert top.probability > 0.8
+    assert tracked_pod({"metadata": {"uid": "x"}, "spec": {}}).gpu_shape is None
+    assert _pod("s", cpu="1", gpus=2).gpu_shape == PodShape(8250, 1000, 2)

@@ -1,0 +1,93 @@
+"""Choosing the node (decideNode) and learning the workload fragmentation is measured against."""
+
+from __future__ import annotations
+
+import pytest
+
+from contract.scheduling_policy import PolicyError, decode_scheduling_policy
+from topology.fragmentation import DEFAULT_WORKLOAD, PodShape
+from topology.node_choice import FRAGMENTATION_STEP_MILLI, choose_node, decision_key, name_rank
+from topology.scheduling import Placement, ScoreBreakdown
+from topology.scoring import RawTerms, imbalance_after
+from topology.workload_learning import LearningSettings, WorkloadLearner
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _terms(node: str, delta: float, imbalance: float = 0.0, ring: float = 0.0) -> RawTerms:
+    placement = Placement(node, (0,), (), ScoreBreakdown())
+    return RawTerms(
+        node, (ring, 0.0, 0.0), delta, 1.0, placement, imbalance=imbalance, link_relative=ring > 0
+    )
+
+
+def test_the_smaller_fragmentation_step_wins_whatever_else() -> None:
+    """A node one fragmentation step better wins over a better balanced or better ranked one."""
+    good = _terms("b", -FRAGMENTATION_STEP_MILLI, imbalance=0.9)
+    worse = _terms("a", 0.0, imbalance=0.0)
+    assert choose_node([worse, good]) is good
+
+
+def test_within_a_step_balance_then_link_then_the_name_order_decide() -> None:
+    """Equal steps: the node whose CPU and GPUs run out together; then the better ring; then CRC-32."""
+    balanced, lopsided = _terms("x", 10.0, 0.05), _terms("y", 20.0, 0.5)
+    assert choose_node([lopsided, balanced]) is balanced
+    fast, slow = _terms("p", 0.0, ring=300.0), _terms("q", 0.0, ring=100.0)
+    assert choose_node([slow, fast]) is fast
+    a, b = _terms("node-a", 0.0), _terms("node-b", 0.0)
+    first = a if name_rank("node-a") < name_rank("node-b") else b
+    assert choose_node([a, b]) is first and choose_node([b, a]) is first
+    assert decision_key(a)[:3] == decision_key(b)[:3]
+    assert choose_node([]) is None
+
+
+def test_imbalance_counts_free_cpu_in_whole_percent() -> None:
+    """Free CPU 40.9% against GPUs 60% used (40% free): 0.40 vs 0.40 is balanced."""
+    assert imbalance_after(40_900, 100_000, 0.6) == pytest.approx(0.0)
+    assert imbalance_after(0, 100_000, 0.0) == pytest.approx(1.0)
+    assert imbalance_after(5, 0, 0.5) == 0.0
+
+
+def test_the_learner_starts_from_its_prior_and_moves_to_what_it_sees() -> None:
+    """Before any pod: the prior's shapes. After many pods of one shape: that shape dominates, and
+    the same sequence gives the same workloads and versions."""
+    learner = WorkloadLearner()
+    assert {(m.gpu_milli, m.gpu_count) for m in learner.workload} <= {
+        (m.gpu_milli, m.gpu_count) for m in DEFAULT_WORKLOAD
+    }
+    shapes = [PodShape(4000, 500, 1)] * 500 + [PodShape(0, 0, 0)] * 10
+    learner.observe_all(shapes)
+    again = WorkloadLearner()
+    again.observe_all(shapes)
+    assert learner.workload == again.workload and learner.version == again.version
+    assert learner.workload[0].gpu_milli == 500 and learner.workload[0].cpu_milli == 4000
+    assert learner.workload[0].probability > 0.8  # as published after 256 pods (a power of two)
+    assert learner.observed == 500  # CPU-only pods are not counted
+    assert abs(sum(m.probability for m in learner.workload) - 1.0) < 1e-9
+
+
+def test_old_pods_fade_with_the_half_life() -> None:
+    """With a half-life of 100 pods, a shape last seen 400 pods ago falls below one seen since."""
+    learner = WorkloadLearner(
+        LearningSettings(half_life_pods=100, prior_pods=0, refresh_every=100, coverage=1.0)
+    )
+    learner.observe_all([PodShape(1000, 1000, 1)] * 400 + [PodShape(1000, 300, 1)] * 400)
+    by_share = {m.gpu_milli: m.probability for m in learner.workload}
+    assert by_share[300] > 0.9 > by_share[1000]
+
+
+def _policy(spec: dict[str, object]) -> dict[str, object]:
+    return {
+        "apiVersion": "linkpack.io/v1alpha1",
+        "kind": "GpuSchedulingPolicy",
+        "metadata": {"name": "p"},
+        "spec": spec,
+    }
+
+
+def test_decide_node_defaults_to_true_and_must_be_a_flag() -> None:
+    """spec.decideNode: absent means true; false keeps the scores; anything else is named."""
+    assert decode_scheduling_policy(_policy({})).decide_node
+    assert not decode_scheduling_policy(_policy({"decideNode": False})).decide_node
+    with pytest.raises(PolicyError, match="decideNode"):
+        decode_scheduling_policy(_policy({"decideNode": "yes"}))
