@@ -231,6 +231,6 @@ class VerbsServer:
         self.start()
         try:
             while not self.should_exit:
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.5)
         finally:
             await asyncio.to_thread(self.stop)
