@@ -225,7 +225,9 @@ def _cell(values: list[float], digits: int) -> str:
     return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
-def render(results: dict[int, dict[str, list[dict[str, float]]]], calls: int, baseline: str) -> str:
+def render(
+    results: dict[int, dict[str, list[dict[str, float]]]], calls: int, baseline: str, current: str = ""
+) -> str:
     rounds = max(len(v["new"]) for v in results.values())
     lines = [
         "Filter and prioritize over loopback HTTP (plain, one connection kept alive), real-size bodies: "
@@ -242,7 +244,9 @@ def render(results: dict[int, dict[str, list[dict[str, float]]]], calls: int, ba
     digits = {"cold_start_s": 1, "first_filter_ms": 0, "first_prio_ms": 0, "rss_mib": 0}
     for nodes, by_code in results.items():
         for code, runs in by_code.items():
-            label = "this revision" if code == "new" else f"at {baseline}"
+            label = f"at {current}" if code == "new" and current else "this revision"
+            if code == "old":
+                label = f"at {baseline}"
             cells = [_cell([r[m] for r in runs], digits.get(m, 1)) for m in METRICS]
             lines.append(f"| {nodes:,} | {label} | " + " | ".join(cells) + " |")
         if "old" in by_code:
@@ -260,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=104)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline-rev", help="also run the extender of this git revision, side by side")
+    parser.add_argument(
+        "--rev", help="run 'this revision' from this git revision (default: the working tree)"
+    )
     parser.add_argument("--out", default=os.environ.get("LINKPACK_BENCH_FILE", "docs/BENCHMARKS.md"))
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
@@ -268,18 +275,19 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[int, dict[str, list[dict[str, float]]]] = {}
     with tempfile.TemporaryDirectory(prefix="linkpack-fleet-") as tmp, contextlib.ExitStack() as stack:
         old = stack.enter_context(checkout(args.baseline_rev)) if args.baseline_rev else None
+        new = stack.enter_context(checkout(args.rev)) if args.rev else REPO_ROOT
         for size in (int(n) for n in args.sizes.split(",")):
             fleet = Path(tmp) / f"fleet-{size}.json"
             write_fleet(size, fleet)
             results[size] = {"new": []} | ({"old": []} if old else {})
             for round_no in range(args.rounds):
-                for code, source in (("new", REPO_ROOT), ("old", old)):
+                for code, source in (("new", new), ("old", old)):
                     if source is None:
                         continue
                     row = measure(fleet, size, args.calls, source)
                     results[size][code].append(row)
                     print(f"{size} round {round_no + 1} {code}: " + json.dumps(row), flush=True)
-    text = render(results, args.calls, args.baseline_rev or "")
+    text = render(results, args.calls, args.baseline_rev or "", args.rev or "")
     print(text)
     if not args.no_write:
         replace_section(Path(args.out), "Extender", text)

@@ -220,7 +220,7 @@ class Row:
     run: Callable[[ControlPlane, int], tuple[float, int, float]]
 
 
-def _rows(tls: TlsSet, baseline: Path | None, plain_floor: bool) -> list[Row]:
+def _rows(tls: TlsSet, baseline: Path | None, plain_floor: bool, ours_source: Path) -> list[Row]:
     def none(cp: ControlPlane, pods: int) -> tuple[float, int, float]:
         return _run(cp, PLAIN_CONFIG.format(kubeconfig=cp.kubeconfig_path), pods)
 
@@ -248,7 +248,9 @@ def _rows(tls: TlsSet, baseline: Path | None, plain_floor: bool) -> list[Row]:
     ]
     if plain_floor:
         rows.append(Row("floor_plain", "floor extender, plain HTTP", floor(False)))
-    rows.append(Row("ours", "Linkpack extender, shipped configuration (mutual TLS)", ours(REPO_ROOT, "ours")))
+    rows.append(
+        Row("ours", "Linkpack extender, shipped configuration (mutual TLS)", ours(ours_source, "ours"))
+    )
     if baseline is not None:
         rows.append(Row("baseline", f"Linkpack extender at {baseline.name}", ours(baseline, "ours-baseline")))
     return rows
@@ -261,6 +263,7 @@ def measure(
     baseline: Path | None = None,
     plain_floor: bool = True,
     only: frozenset[str] | None = None,
+    ours_source: Path = REPO_ROOT,
 ) -> dict[str, object]:
     with ControlPlane(ensure_binaries()) as cp:
         objects = []
@@ -272,7 +275,11 @@ def measure(
             name = f"bench-{i:04d}"
             publish_node(cp, name, node_topology(name, "hgx-h100"))
         client.CoreV1Api(cp.api_client()).create_namespace({"metadata": {"name": NAMESPACE}})
-        rows = [r for r in _rows(extender_tls(cp), baseline, plain_floor) if only is None or r.key in only]
+        rows = [
+            r
+            for r in _rows(extender_tls(cp), baseline, plain_floor, ours_source)
+            if only is None or r.key in only
+        ]
         rates: dict[str, list[float]] = {r.key: [] for r in rows}
         empty: dict[str, list[int]] = {r.key: [] for r in rows}
         cpu: dict[str, list[float]] = {r.key: [] for r in rows}
@@ -356,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=800)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline-rev", help="also run our extender from this git revision")
+    parser.add_argument(
+        "--ours-rev", help="run 'ours' from this git revision (default: the working tree as it is)"
+    )
     parser.add_argument("--no-plain-floor", action="store_true", help="skip the plain-HTTP floor row")
     parser.add_argument(
         "--only", help="comma-separated row keys to run (none,floor,floor_plain,ours,baseline)"
@@ -368,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         baseline = stack.enter_context(checkout(args.baseline_rev)) if args.baseline_rev else None
         only = frozenset(args.only.split(",")) if args.only else None
-        result = measure(args.nodes, args.pods, args.rounds, baseline, not args.no_plain_floor, only)
+        ours = stack.enter_context(checkout(args.ours_rev)) if args.ours_rev else REPO_ROOT
+        result = measure(args.nodes, args.pods, args.rounds, baseline, not args.no_plain_floor, only, ours)
     text = render(result)
     print(text)
     print(json.dumps(result["rates"]))

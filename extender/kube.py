@@ -94,6 +94,7 @@ def _status_message(exc: ApiException) -> str:
 
 
 _FAILURES = (ApiException, HTTPError, OSError, ValueError)
+_WRITTEN_LIMIT = 100_000
 
 
 class KubeClusterApi:
@@ -109,6 +110,8 @@ class KubeClusterApi:
         self._config = cfg
         # the request path (bind's writes, pod and ledger reads, events): own pool, plain JSON
         self._requests = ApiRequests(api_client)
+        # ledger ConfigMap name -> the resourceVersion our last commit of it produced
+        self._written: dict[str, str] = {}
 
     def close(self) -> None:
         """Close the client's connections (open watches end with an error their loops stop on)."""
@@ -152,7 +155,11 @@ class KubeClusterApi:
                 raise ApiConflict(f"{what}: ledger was deleted")
         else:
             reply = self._call(what, "POST", self._config_map_path(), body)
-        return self._ledger(reply, what)
+        committed = self._ledger(reply, what)
+        if len(self._written) >= _WRITTEN_LIMIT:
+            self._written.clear()
+        self._written[ledger_name(committed.node)] = committed.resource_version
+        return committed
 
     def bind(
         self,
@@ -380,6 +387,10 @@ class KubeClusterApi:
 
     def _on_ledger(self, h: WatchHandlers) -> Sink:
         def sink(event: str, obj: Mapping[str, Any]) -> None:
+            meta = obj.get("metadata") or {}
+            name, rv = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
+            if event != "DELETED" and rv and self._written.get(name) == rv:
+                return  # the echo of our own commit: the binder has already applied this very version
             try:
                 ledger = ledger_from_config_map(obj)
             except ValueError as exc:
