@@ -189,7 +189,7 @@ def measure(fleet: Path, nodes: int, calls: int, source: Path) -> dict[str, floa
         cold = time.perf_counter() - started
         names = [f"gpu-{i:05d}" for i in range(nodes)]
         sample = names if nodes <= 5000 else names[:: max(1, nodes // 5000)][:5000]
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
         filter_s, prio_s = [], []
         for i in range(calls):
             pod = _pod(i)
