@@ -334,6 +334,17 @@ def render(r: dict[str, object]) -> str:
             f"{ratio(key, 'none') if 'none' in rates else '-'} | "
             f"{statistics.median(cpu[key]):.1f} | {int(statistics.median(empty[key]))} |"
         )
+    lines += [
+        "",
+        "Targets: ours at least 0.9 of the floor (mutual TLS) in the same run, aiming at 0.6 of the "
+        'plain scheduler. "Extender CPU ms per pod" is the extender process\'s user + system time '
+        "from the scheduler's start until the last pod is bound, divided by the pods: on a shared "
+        "machine it is steadier than the rate.",
+        "",
+        "Reproduce: `make bench-extender` (this part: `python -m bench.scheduler_throughput`; "
+        "`--baseline-rev REV` adds our extender at an earlier revision as a row, `--profile DIR` "
+        "records py-spy samples of ours, which needs `pip install py-spy`).",
+    ]
     return "\n".join(lines)
 
 

@@ -3,7 +3,7 @@
 `python -m extender` serves three faces on three ports, each guarded for its own callers:
 - `verb_routes`: filter, prioritize, bind, served by `extender.verbs_server` over mutual TLS
   (only a client certificate signed by the scheduler's CA gets a connection: the TLS layer
-  refuses everyone else); `create_verbs_app` is the same as a FastAPI app;
+  refuses everyone else);
 - `create_debug_app`: /debug/*, over TLS, each request carrying a Kubernetes identity with an
   explicit RBAC permission (`extender.debug_access`);
 - `create_ops_app`: /healthz, /readyz, /metrics in plain HTTP, for the kubelet's probes and
@@ -113,12 +113,6 @@ def register_ops(app: FastAPI, service: ExtenderService) -> None:
     @app.get("/metrics")
     def metrics() -> Response:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE)
-
-
-def create_verbs_app(service: ExtenderService) -> FastAPI:
-    app = _new_app("Linkpack scheduler extender: verbs")
-    register_verbs(app, service)
-    return app
 
 
 def create_ops_app(service: ExtenderService) -> FastAPI:
