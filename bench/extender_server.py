@@ -1,78 +1,80 @@
-"""`python -m bench.extender_server --nodes N --port P`: the extender over an in-memory fleet.
+"""`python bench/extender_server.py --fleet FILE --port P`: the extender over an in-memory fleet.
 
-The fleet is N nodes of 8 GPUs (a mix of NVSwitch, hybrid-mesh, bridged-pair and two-socket
-PCIe machines) carrying a mixed load, so that filter and prioritize do real work per node.
+FILE holds the fleet as the API server would list it (Node, GpuTopology and ledger ConfigMap
+objects as JSON; `bench.extender` writes it). The process decodes every object the way the
+watches do, hands it to the extender's store, serves the verbs on loopback HTTP and prints
+`ready` once the extender reports ready, so the parent can time start to ready.
+
+It is run as a script (not `-m`, and with `python -P`), so that PYTHONPATH alone decides which checkout's extender
+it serves: the benchmark runs the code of an earlier revision side by side with this one.
 """
 
 from __future__ import annotations
 
 import argparse
-import random
-from dataclasses import replace
-
-import uvicorn
-
-from contract.allocation import Allocation
-from contract.gpu_topology import as_published
-from contract.ledger import Ledger, LedgerEntry
-from extender.__main__ import handlers_for
-from extender.app import create_app
-from extender.config import ExtenderConfig
-from extender.in_memory_cluster import InMemoryCluster
-from extender.service import ExtenderService
-from extender.snapshot import NodeFacts
-from topology.catalog import load_machine
-from topology.model import NodeTopology
-from topology.placement import place
-from topology.scheduling import GpuShare, NodeState, Placement, WholeGpus
-
-MACHINES = ("hgx-h100", "dgx-a100", "dgx1-v100", "pcie-nv12-pairs", "rtx3090-2socket")
+import json
+import threading
+import time
+from typing import Any
 
 
-def _with_ids(topology: NodeTopology, node: str) -> NodeTopology:
-    return replace(topology, gpus=tuple(replace(g, uuid=f"GPU-{node}-{g.index}") for g in topology.gpus))
+def _load(path: str) -> Any:
+    from contract.ledger import ledger_from_config_map
+    from extender.config import ExtenderConfig
+    from extender.in_memory_cluster import InMemoryCluster
+    from extender.translate import node_facts, read_gpu_topology
 
-
-def build_fleet(nodes: int, seed: int = 1) -> tuple[ExtenderConfig, InMemoryCluster]:
+    with open(path, encoding="utf-8") as f:
+        fleet = json.load(f)
     config = ExtenderConfig()
     cluster = InMemoryCluster(config)
-    rng = random.Random(seed)
-    bases = {m: load_machine(m) for m in MACHINES}
-    for i in range(nodes):
-        name = f"gpu-{i:05d}"
-        topology = _with_ids(bases[MACHINES[i % len(MACHINES)]], name)
-        state = NodeState.empty(name, topology, config.units_per_gpu)
-        entries = []
-        for k in range(rng.randint(0, 5)):  # mixed load: some whole GPUs, some shares
-            request = (
-                WholeGpus(rng.choice((1, 1, 2)))
-                if rng.random() < 0.6
-                else GpuShare(units=25, memory_mib=8192)
-            )
-            outcome = place(state, request)
-            if not isinstance(outcome, Placement):
-                break
-            from topology.accounting import with_grants
-
-            state = with_grants(state, outcome.grants)
-            entries.append(
-                LedgerEntry(f"{name}-load-{k}", "load", f"{name}-{k}", Allocation(name, outcome.grants), 0.0)
-            )
-        cluster.add_node(NodeFacts(name), as_published(name, topology))
-        if entries:
-            cluster.write_ledger(Ledger(name, tuple(entries)))
+    for node, topology in zip(fleet["nodes"], fleet["topologies"], strict=True):
+        _, published, problem = read_gpu_topology(topology)
+        if problem:
+            raise SystemExit(problem)
+        cluster.add_node(node_facts(node, config.resources), published)
+    for config_map in fleet["ledgers"]:
+        cluster.write_ledger(ledger_from_config_map(config_map))
     return config, cluster
+
+
+def _serve(service: Any, port: int) -> None:
+    try:
+        from extender.app import verb_routes
+        from extender.verbs_server import VerbsServer
+    except ImportError:  # an earlier revision: FastAPI + uvicorn
+        import uvicorn
+
+        from extender.app import create_app
+
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(service), host="127.0.0.1", port=port, log_level="warning", access_log=False
+            )
+        )
+        threading.Thread(target=server.run, daemon=True).start()
+        while not server.started:
+            time.sleep(0.01)
+        return
+    VerbsServer(verb_routes(service), "127.0.0.1", port, None).start()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--fleet", required=True)
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    config, cluster = build_fleet(args.nodes)
+    from extender.__main__ import handlers_for
+    from extender.service import ExtenderService
+
+    config, cluster = _load(args.fleet)
     service = ExtenderService(config, cluster)
     cluster.run_watches(handlers_for(service), lambda: True)
-    uvicorn.run(create_app(service), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    _serve(service, args.port)
+    while not service.ready():
+        time.sleep(0.01)
+    print("ready", flush=True)
+    threading.Event().wait()
 
 
 if __name__ == "__main__":

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import uvicorn
 
-from extender.app import create_debug_app, create_ops_app, create_verbs_app
+from extender.app import create_debug_app, create_ops_app, verb_routes
 from extender.cluster_api import AccessReviewer, ApiError, WatchHandlers
 from extender.config import TLS_VARIABLES, ConfigError, ExtenderConfig, TlsFiles, config_from_env
 from extender.debug_access import DebugAccess
 from extender.kube import KubeClusterApi, load_client
 from extender.reconciler import run_reconciler
 from extender.service import ExtenderService
+from extender.verbs_server import VerbsServer, server_tls
 
 
 def handlers_for(service: ExtenderService) -> WatchHandlers:
@@ -68,17 +69,15 @@ def check_tls(tls: TlsFiles | None) -> TlsFiles:
 
 def servers(
     service: ExtenderService, reviewer: AccessReviewer, config: ExtenderConfig, tls: TlsFiles, log_level: str
-) -> list[uvicorn.Server]:
-    common = {"host": config.host, "log_level": log_level, "access_log": False, "lifespan": "off"}
-    verbs = uvicorn.Config(
-        create_verbs_app(service),
-        port=config.port,
-        ssl_certfile=tls.cert_file,
-        ssl_keyfile=tls.key_file,
-        ssl_ca_certs=tls.client_ca_file,
-        ssl_cert_reqs=ssl.CERT_REQUIRED,
-        **common,  # type: ignore[arg-type]
+) -> list[VerbsServer | uvicorn.Server]:
+    """The verbs (mutual TLS, `extender.verbs_server`), debug (TLS) and ops (plain) servers."""
+    verbs = VerbsServer(
+        verb_routes(service),
+        config.host,
+        config.port,
+        server_tls(tls.cert_file, tls.key_file, tls.client_ca_file),
     )
+    common = {"host": config.host, "log_level": log_level, "access_log": False, "lifespan": "off"}
     debug = uvicorn.Config(
         create_debug_app(service, DebugAccess(reviewer, config.debug_access_ttl_s)),
         port=config.debug_port,
@@ -87,10 +86,10 @@ def servers(
         **common,  # type: ignore[arg-type]
     )
     ops = uvicorn.Config(create_ops_app(service), port=config.ops_port, **common)  # type: ignore[arg-type]
-    return [uvicorn.Server(c) for c in (verbs, debug, ops)]
+    return [verbs, *(uvicorn.Server(c) for c in (debug, ops))]
 
 
-async def serve_all(running: list[uvicorn.Server]) -> None:
+async def serve_all(running: list[VerbsServer | uvicorn.Server]) -> None:
     """Serve until any server stops (a signal stops them all)."""
     tasks = [asyncio.create_task(s.serve()) for s in running]
     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

@@ -1,17 +1,18 @@
-"""The HTTP faces of the extender: FastAPI apps whose routes are each a line over `ExtenderService`.
+"""The HTTP faces of the extender: routes that are each a line over `ExtenderService`.
 
-`python -m extender` serves three apps on three ports, each guarded for its own callers:
-- `create_verbs_app`: filter, prioritize, bind, over mutual TLS (only a client certificate
-  signed by the scheduler's CA gets a connection: the TLS layer refuses everyone else);
+`python -m extender` serves three faces on three ports, each guarded for its own callers:
+- `verb_routes`: filter, prioritize, bind, served by `extender.verbs_server` over mutual TLS
+  (only a client certificate signed by the scheduler's CA gets a connection: the TLS layer
+  refuses everyone else);
 - `create_debug_app`: /debug/*, over TLS, each request carrying a Kubernetes identity with an
   explicit RBAC permission (`extender.debug_access`);
 - `create_ops_app`: /healthz, /readyz, /metrics in plain HTTP, for the kubelet's probes and
   Prometheus (read-only, and admitted by the NetworkPolicy only from those).
 `create_app` puts everything on one unauthenticated app for the demo and in-process tests.
 
-The verbs' work (JSON decoding, placement, scoring, API writes) runs on the thread pool; the
-event loop only moves bytes, so `/healthz`, `/metrics` and other calls never wait behind a
-slow filter.
+The verbs' work (JSON decoding, placement, scoring, API writes) runs on the verbs server's
+connection threads (or, in the FastAPI apps, on the thread pool): never on an event loop, so
+`/healthz`, `/metrics` and other calls never wait behind a slow filter.
 """
 
 from __future__ import annotations
@@ -45,6 +46,34 @@ def _verb(fn: Callable[[object], T]) -> Callable[[bytes], T]:
         return fn(_decode(raw))
 
     return run
+
+
+def _encode(answer: object) -> bytes:
+    return json.dumps(answer, separators=(",", ":")).encode()
+
+
+def verb_routes(service: ExtenderService) -> dict[str, Callable[[bytes], bytes]]:
+    """The verbs for `extender.verbs_server.VerbsServer`: raw body in, JSON bytes out."""
+
+    def route(fn: Callable[[object], object]) -> Callable[[bytes], bytes]:
+        last: list[tuple[object, bytes]] = []  # the last answer object and its encoding
+
+        def run(raw: bytes) -> bytes:
+            answer = fn(_decode(raw))
+            seen = last[-1] if last else None
+            if seen is not None and seen[0] is answer:  # the service handed out the same answer
+                return seen[1]
+            data = _encode(answer)
+            last[:] = [(answer, data)]
+            return data
+
+        return run
+
+    return {
+        "/filter": route(service.filter),
+        "/prioritize": route(service.prioritize),
+        "/bind": route(service.bind),
+    }
 
 
 def _new_app(title: str) -> FastAPI:
@@ -86,12 +115,6 @@ def register_ops(app: FastAPI, service: ExtenderService) -> None:
     @app.get("/metrics")
     def metrics() -> Response:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE)
-
-
-def create_verbs_app(service: ExtenderService) -> FastAPI:
-    app = _new_app("Linkpack scheduler extender: verbs")
-    register_verbs(app, service)
-    return app
 
 
 def create_ops_app(service: ExtenderService) -> FastAPI:

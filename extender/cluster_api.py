@@ -87,7 +87,9 @@ class ClusterApi(AccessReviewer, Protocol):
     def write_ledger(self, ledger: Ledger) -> Ledger:
         """Store `ledger` if the stored one is still at `ledger.resource_version` ("" = absent).
 
-        Returns the ledger at its new resourceVersion; raises ApiConflict otherwise.
+        Returns the ledger at its new resourceVersion; raises ApiConflict otherwise. The caller
+        applies the returned ledger to its store itself: the watch may leave out its own echo of
+        this very version (the Kubernetes adapter does, to spare rebuilding the node twice).
         """
         ...
 

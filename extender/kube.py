@@ -1,5 +1,5 @@
-"""The real Kubernetes adapter of the extender (with `extender.kube_watch`, the only extender
-modules importing `kubernetes`).
+"""The real Kubernetes adapter of the extender (with `extender.kube_watch` and
+`extender.kube_http`, the only extender modules importing `kubernetes`).
 
 It lists and watches Nodes, Pods, GpuTopology records and ledger ConfigMaps, reads pods
 fresh for bind, commits ledgers with resourceVersion preconditions and creates Bindings.
@@ -33,6 +33,7 @@ from contract.ledger import Ledger, encode_ledger, ledger_from_config_map
 from contract.scheduling_policy import POLICY_PLURAL, POLICY_VERSION
 from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, Identity, PodObject, WatchHandlers
 from extender.config import ExtenderConfig
+from extender.kube_http import ApiReply, ApiRequests, path
 from extender.kube_watch import ListWatch, Sink
 from extender.translate import (
     namespace_default_policy,
@@ -63,6 +64,18 @@ def load_client(kubeconfig: str | None) -> client.ApiClient:
     return client.ApiClient(cfg)
 
 
+def _check(reply: ApiReply, what: str) -> None:
+    """Nothing for a 2xx reply, else the matching ApiError kind with the API server's message."""
+    if reply.ok:
+        return
+    reason = reply.message()
+    if reply.status == 409:
+        raise ApiConflict(f"{what}: {reason}")
+    if reply.status == 404:
+        raise ApiNotFound(f"{what}: {reason}")
+    raise ApiError(f"{what}: HTTP {reply.status} {reason}")
+
+
 def _translate(exc: Exception, what: str) -> ApiError:
     if isinstance(exc, ApiException):
         reason = _status_message(exc)
@@ -82,6 +95,7 @@ def _status_message(exc: ApiException) -> str:
 
 
 _FAILURES = (ApiException, HTTPError, OSError, ValueError)
+_WRITTEN_LIMIT = 100_000
 
 
 class KubeClusterApi:
@@ -95,36 +109,34 @@ class KubeClusterApi:
         self._authn: Any = client.AuthenticationV1Api(api_client)
         self._authz: Any = client.AuthorizationV1Api(api_client)
         self._config = cfg
+        # the request path (bind's writes, pod and ledger reads, events): own pool, plain JSON
+        self._requests = ApiRequests(api_client)
+        # ledger ConfigMap name -> the resourceVersion our last commit of it produced
+        self._written: dict[str, str] = {}
 
     def close(self) -> None:
         """Close the client's connections (open watches end with an error their loops stop on)."""
         closing: Any = self._client.close  # untyped in the client
         closing()
+        self._requests.close()
 
     # ------------------------------------------------------------------ reads and writes
 
     def read_pod(self, namespace: str, name: str) -> PodObject:
-        try:
-            raw = self._core.read_namespaced_pod(name, namespace, _preload_content=False)
-            pod = json.loads(raw.data)
-        except _FAILURES as exc:
-            raise _translate(exc, f"read pod {namespace}/{name}") from exc
+        what = f"read pod {namespace}/{name}"
+        pod = self._json(
+            self._call(what, "GET", path("api", "v1", "namespaces", namespace, "pods", name)), what
+        )
         return PodObject(
             tracked_pod(pod, self._config), str(pod["metadata"].get("resourceVersion") or ""), pod
         )
 
     def read_ledger(self, node: str) -> Ledger:
-        try:
-            raw = self._core.read_namespaced_config_map(
-                ledger_name(node), self._config.namespace, _preload_content=False
-            )
-            return ledger_from_config_map(json.loads(raw.data))
-        except ApiException as exc:
-            if exc.status == 404:
-                return Ledger(node)
-            raise _translate(exc, f"read ledger of {node}") from exc
-        except _FAILURES as exc:
-            raise _translate(exc, f"read ledger of {node}") from exc
+        what = f"read ledger of {node}"
+        reply = self._call(what, "GET", self._config_map_path(ledger_name(node)))
+        if reply.status == 404:
+            return Ledger(node)
+        return self._ledger(reply, what)
 
     def write_ledger(self, ledger: Ledger) -> Ledger:
         body: dict[str, Any] = {
@@ -138,23 +150,19 @@ class KubeClusterApi:
             "data": encode_ledger(ledger),
         }
         what = f"commit ledger of {ledger.node}"
-        try:
-            if ledger.resource_version:
-                body["metadata"]["resourceVersion"] = ledger.resource_version
-                raw = self._core.replace_namespaced_config_map(
-                    ledger_name(ledger.node), self._config.namespace, body, _preload_content=False
-                )
-            else:
-                raw = self._core.create_namespaced_config_map(
-                    self._config.namespace, body, _preload_content=False
-                )
-            return ledger_from_config_map(json.loads(raw.data))
-        except ApiException as exc:
-            if exc.status == 404 and ledger.resource_version:
-                raise ApiConflict(f"{what}: ledger was deleted") from exc
-            raise _translate(exc, what) from exc
-        except _FAILURES as exc:
-            raise _translate(exc, what) from exc
+        if ledger.resource_version:
+            # the compare-and-swap: the API server refuses (409) unless the stored version is this one
+            body["metadata"]["resourceVersion"] = ledger.resource_version
+            reply = self._call(what, "PUT", self._config_map_path(ledger_name(ledger.node)), body)
+            if reply.status == 404:
+                raise ApiConflict(f"{what}: ledger was deleted")
+        else:
+            reply = self._call(what, "POST", self._config_map_path(), body)
+        committed = self._ledger(reply, what)
+        if len(self._written) >= _WRITTEN_LIMIT:
+            self._written.clear()
+        self._written[ledger_name(committed.node)] = committed.resource_version
+        return committed
 
     def bind(
         self,
@@ -167,7 +175,7 @@ class KubeClusterApi:
     ) -> None:
         metadata: dict[str, Any] = {"name": name, "namespace": namespace}
         if uid:
-            metadata["uid"] = uid
+            metadata["uid"] = uid  # the API server refuses the Binding if the pod was re-created
         if resource_version:
             metadata["resourceVersion"] = resource_version
         if annotations:
@@ -178,14 +186,11 @@ class KubeClusterApi:
             "metadata": metadata,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        try:
-            # The generated client would parse the Status reply as a Binding and fail after a
-            # successful bind; reading the raw reply avoids that known client bug.
-            resp = self._core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
-        except _FAILURES as exc:
-            raise _translate(exc, f"bind {namespace}/{name} to {node}") from exc
-        if not 200 <= resp.status < 300:
-            raise ApiError(f"bind {namespace}/{name} to {node}: HTTP {resp.status}")
+        what = f"bind {namespace}/{name} to {node}"
+        reply = self._call(
+            what, "POST", path("api", "v1", "namespaces", namespace, "pods", name, "binding"), body
+        )
+        _check(reply, what)
 
     def nudge_pod(self, namespace: str, name: str, uid: str, value: str) -> None:
         body = {"metadata": {"uid": uid, "annotations": {CAPACITY_FREED_ANNOTATION: value}}}
@@ -217,10 +222,35 @@ class KubeClusterApi:
             "lastTimestamp": now,
             "count": 1,
         }
+        what = f"record event on {namespace}/{pod}"
         try:
-            self._core.create_namespaced_event(namespace, body, _preload_content=False)
-        except _FAILURES as exc:
+            _check(self._call(what, "POST", path("api", "v1", "namespaces", namespace, "events"), body), what)
+        except ApiError as exc:
             log.warning("could not record event on %s/%s: %s", namespace, pod, exc)
+
+    def _config_map_path(self, name: str = "") -> str:
+        parts = ("api", "v1", "namespaces", self._config.namespace, "configmaps")
+        return path(*parts, name) if name else path(*parts)
+
+    def _call(self, what: str, method: str, api_path: str, body: object = None) -> ApiReply:
+        try:
+            return self._requests.call(method, api_path, body)
+        except (HTTPError, OSError, ValueError) as exc:
+            raise ApiError(f"{what}: {exc}") from exc
+
+    def _json(self, reply: ApiReply, what: str) -> Any:
+        _check(reply, what)
+        try:
+            return reply.json()
+        except ValueError as exc:
+            raise ApiError(f"{what}: the API server's reply is not JSON: {exc}") from exc
+
+    def _ledger(self, reply: ApiReply, what: str) -> Ledger:
+        doc = self._json(reply, what)
+        try:
+            return ledger_from_config_map(doc)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ApiError(f"{what}: {exc}") from exc
 
     # ------------------------------------------------------------------ reviews (debug access)
 
@@ -367,6 +397,10 @@ class KubeClusterApi:
 
     def _on_ledger(self, h: WatchHandlers) -> Sink:
         def sink(event: str, obj: Mapping[str, Any]) -> None:
+            meta = obj.get("metadata") or {}
+            name, rv = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
+            if event != "DELETED" and rv and self._written.get(name) == rv:
+                return  # the echo of our own commit: the binder has already applied this very version
             try:
                 ledger = ledger_from_config_map(obj)
             except ValueError as exc:

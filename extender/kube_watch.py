@@ -27,7 +27,11 @@ _FAILURES = (ApiException, HTTPError, OSError, ValueError)
 
 def _new_watch() -> Any:
     factory: Any = watch.Watch
-    return factory()
+    w = factory()
+    # The sinks read the raw JSON objects; without this the client would also re-encode every
+    # event and build its model classes from it (most of a watch's CPU time for pods).
+    w.get_return_type = lambda _func: None
+    return w
 
 
 class Sink:

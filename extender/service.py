@@ -29,11 +29,13 @@ from extender.wire import (
     parse_binding_args,
     parse_extender_args,
     priority_list,
+    priority_list_for,
 )
 from topology.scoring import Ranking
 
 SYNC_KINDS = ("nodes", "topologies", "ledgers", "pods", "policies", "namespaces")
 _LOG_LIMIT = 2048
+_ANSWERS_KEPT = 8  # prioritize answers remembered (a few request kinds at once)
 
 
 @dataclass
@@ -67,6 +69,8 @@ class ExtenderService:
         )
         self._log: OrderedDict[str, PodDecisions] = OrderedDict()
         self._log_lock = threading.Lock()
+        self._node_locks: dict[str, threading.Lock] = {}
+        self._answers: list[tuple[Ranking, tuple[str, ...], list[dict[str, Any]]]] = []
 
     # ------------------------------------------------------------------ verbs
 
@@ -117,8 +121,7 @@ class ExtenderService:
                 return priority_list([(n, 0) for n in args.node_names])
             ranking = self.decider.prioritize(snapshot, parsed, args.node_names)
             self._entry(parsed.pod.key).ranking = ranking
-            scored = ranking.by_node()
-            return priority_list([(n, scored.get(n, 0)) for n in args.node_names])
+            return self._answer_for(ranking, args.node_names)
 
     def bind(self, body: object) -> dict[str, str]:
         with self.metrics.latency.labels("bind").time():
@@ -128,7 +131,11 @@ class ExtenderService:
                 return binding_result(str(exc))
             log = self._entry(f"{args.pod_namespace}/{args.pod_name}")
             known = log.request if isinstance(log.request, PodRequest) else None
-            result = self.binder.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, known)
+            # Binds to one node take turns: the second then plans on the ledger the first committed
+            # instead of losing the compare-and-swap and paying a re-read and a second write.
+            # (Binds from another process still meet the compare-and-swap.)
+            with self._node_lock(args.node):
+                result = self.binder.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, known)
             if result.error:
                 log.bind_error = result.error
                 self.metrics.bind_failures.labels(_first_words(result.error)).inc()
@@ -141,6 +148,21 @@ class ExtenderService:
             if result.attempts > 1:
                 self.metrics.bind_conflicts.inc(result.attempts - 1)
             return binding_result(result.error)
+
+    def _answer_for(self, ranking: Ranking, names: tuple[str, ...]) -> list[dict[str, Any]]:
+        """The HostPriorityList for `names` under `ranking`. The decider hands out the same
+        Ranking while none of the nodes changed, and then the answer is the same list too (it
+        is never modified after it is built), which spares rebuilding thousands of entries."""
+        with self._log_lock:
+            for i, (known, known_names, answer) in enumerate(self._answers):
+                if known is ranking and known_names == names:
+                    self._answers.append(self._answers.pop(i))
+                    return answer
+        answer = priority_list_for(names, ranking.by_node())
+        with self._log_lock:
+            self._answers.append((ranking, names, answer))
+            del self._answers[:-_ANSWERS_KEPT]
+        return answer
 
     # ------------------------------------------------------------------ views
 
@@ -157,6 +179,15 @@ class ExtenderService:
     def decisions_for(self, namespace: str, name: str) -> PodDecisions | None:
         with self._log_lock:
             return self._log.get(f"{namespace}/{name}")
+
+    def _node_lock(self, node: str) -> threading.Lock:
+        with self._log_lock:
+            lock = self._node_locks.get(node)
+            if lock is None:
+                if len(self._node_locks) >= 4 * _LOG_LIMIT:
+                    self._node_locks = {n: held for n, held in self._node_locks.items() if held.locked()}
+                lock = self._node_locks[node] = threading.Lock()
+            return lock
 
     def _entry(self, key: str) -> PodDecisions:
         with self._log_lock:

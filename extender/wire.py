@@ -48,7 +48,7 @@ def parse_extender_args(body: object) -> ExtenderArgs:
     names = doc.get("nodenames")
     node_list = doc.get("nodes")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
             raise WireError("'NodeNames' must be a list of strings")
         return ExtenderArgs(pod, tuple(names), None)
     if isinstance(node_list, dict):
@@ -103,6 +103,18 @@ def filter_result(
 
 def priority_list(scores: Sequence[tuple[str, int]]) -> list[dict[str, Any]]:
     return [{"Host": host, "Score": max(0, min(MAX_EXTENDER_PRIORITY, score))} for host, score in scores]
+
+
+def priority_list_for(names: Sequence[str], scores: Mapping[str, int]) -> list[dict[str, Any]]:
+    """HostPriorityList for `names` in their order; a name without a score gets 0. The same as
+    `priority_list`, built in one pass (prioritize answers have thousands of entries)."""
+    clamped = {
+        n: max(0, min(MAX_EXTENDER_PRIORITY, s))
+        for n, s in scores.items()
+        if not 0 <= s <= MAX_EXTENDER_PRIORITY
+    }
+    scored = {**scores, **clamped} if clamped else scores
+    return [{"Host": n, "Score": scored.get(n, 0)} for n in names]
 
 
 def binding_result(error: str = "") -> dict[str, str]:

@@ -21,7 +21,7 @@ cached; ring bottlenecks are memoised per GPU bitmask.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import combinations
 
@@ -279,9 +279,30 @@ def has_hamiltonian_cycle(adjacency: Sequence[int]) -> bool:
     return bool(frontier.get((1 << k) - 1, 0) & adjacency[0])
 
 
-@lru_cache(maxsize=512)
+_BY_IDENTITY_LIMIT = 65_536
+_by_identity: dict[int, tuple[NodeTopology, LinkTable]] = {}
+
+
 def link_table(topology: NodeTopology) -> LinkTable:
-    """The (cached) search table of a topology."""
+    """The (cached) search table of a topology. GPU UUIDs only name the devices, so machines
+    wired alike share one table however many nodes there are. The table is also remembered
+    by the topology object itself (kept alive with it, so its id is not reused), which spares
+    hashing the whole topology on every placement."""
+    hit = _by_identity.get(id(topology))
+    if hit is not None and hit[0] is topology:
+        return hit[1]
+    if any(g.uuid for g in topology.gpus):
+        table = _wired_table(replace(topology, gpus=tuple(replace(g, uuid="") for g in topology.gpus)))
+    else:
+        table = _wired_table(topology)
+    if len(_by_identity) >= _BY_IDENTITY_LIMIT:
+        _by_identity.clear()
+    _by_identity[id(topology)] = (topology, table)
+    return table
+
+
+@lru_cache(maxsize=512)
+def _wired_table(topology: NodeTopology) -> LinkTable:
     n = topology.gpu_count
     bandwidth = [[0] * n for _ in range(n)]
     for a, b in combinations(range(n), 2):

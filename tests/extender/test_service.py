@@ -312,3 +312,24 @@ def test_compute_priority_comes_from_the_annotation_or_the_priority_class(
     bad["metadata"]["annotations"]["linkpack.io/compute-priority"] = "urgent"
     result = service.filter(filter_args(bad, ["nv-node"]))
     assert "linkpack.io/compute-priority 'urgent'" in result["FailedAndUnresolvableNodes"]["nv-node"]
+
+
+def test_a_repeated_prioritize_reuses_its_answer_until_a_node_changes(
+    config: ExtenderConfig, service: ExtenderService, cluster: InMemoryCluster
+) -> None:
+    """With nothing changed the same answer comes back; after a bind changes a node the answer
+    is rebuilt, and it is what an extender started afresh on the same cluster answers."""
+    body = filter_args(gpu_pod(gpus=4), ["nv-node", "pcie-node"])
+    first = service.prioritize(body)
+    assert service.prioritize(body) is first
+    pod = cluster.create_pod(gpu_pod("taker", gpus=4))
+    service.filter(filter_args(pod, ["nv-node"]))
+    bound = service.bind(
+        {"PodName": "taker", "PodNamespace": "ml", "PodUID": pod["metadata"]["uid"], "Node": "nv-node"}
+    )
+    assert bound == {"Error": ""}
+    after = service.prioritize(body)
+    assert after is not first
+    fresh = ExtenderService(config, cluster)
+    cluster.run_watches(handlers_for(fresh), lambda: True)
+    assert after == fresh.prioritize(body)

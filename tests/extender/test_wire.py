@@ -11,6 +11,7 @@ from extender.wire import (
     parse_binding_args,
     parse_extender_args,
     priority_list,
+    priority_list_for,
 )
 
 # Shapes as kube-scheduler v1.36 sends them with nodeCacheCapable: true (see control-plane notes).
@@ -71,6 +72,17 @@ def test_priorities_are_clamped_to_the_extender_range() -> None:
         {"Host": "a", "Score": 10},
         {"Host": "b", "Score": 0},
         {"Host": "c", "Score": 7},
+    ]
+
+
+def test_the_one_pass_priority_list_clamps_and_keeps_the_asked_order() -> None:
+    """Built from a score map, the answer follows the names asked, clamps, and scores a node
+    without a score (no placement there) 0."""
+    assert priority_list_for(["c", "a", "b", "d"], {"a": 12, "b": -1, "c": 7}) == [
+        {"Host": "c", "Score": 7},
+        {"Host": "a", "Score": 10},
+        {"Host": "b", "Score": 0},
+        {"Host": "d", "Score": 0},
     ]
 
 
