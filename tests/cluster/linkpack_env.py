@@ -101,7 +101,7 @@ class ExtenderProcess:
         context.load_cert_chain(str(self.tls.client_cert), str(self.tls.client_key))
         return httpx.Client(verify=context, timeout=30)
 
-    def start(self, timeout_s: float = 60.0) -> None:
+    def start(self, timeout_s: float = 180.0) -> None:
         self.port = self.port or free_port()
         self.debug_port = self.debug_port or free_port()
         self.ops_port = self.ops_port or free_port()
