@@ -4,7 +4,7 @@ RBAC, admission policies, security contexts, commands and volumes; kube-schedule
 process with the shipped configuration) sends a whole-GPU pod and a share pod through the
 extender pod, and their containers see exactly the GPUs the extender recorded.
 
-The test overlay (`_on_test_node`, applied to the parsed objects), and why each line is needed:
+The test overlay (`_on_test_node` and `agent_pod`, applied to the parsed objects), and why each line is needed:
 - no controller-manager runs, so no DaemonSet or ReplicaSet controller makes the pods and no
   default scheduler places them: each pod is made from its shipped template, bound to the node
   (the DaemonSet and the Deployment themselves are only validated by the API server, dry run);
@@ -19,7 +19,8 @@ The test overlay (`_on_test_node`, applied to the parsed objects), and why each 
   from the checkout's shared data, named by LINKPACK_SHARED;
 - the test kubelet's root directory is not /var/lib/kubelet: the pod-resources hostPath names
   the test kubelet's own pod-resources directory (the container still sees the shipped path);
-- one extender replica: two hostNetwork replicas on one node would collide on their ports;
+- one extender pod, not the Deployment's two replicas: two hostNetwork replicas on one node
+  would collide on their ports;
 - the extender's Secret `linkpack-extender-tls` holds the test certificates (tests/tls_certs.py).
 """
 
