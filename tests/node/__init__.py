@@ -14,7 +14,9 @@ On top of it `linkpack_stack.LinkpackStack` runs the extender (mutual TLS), kube
 the shipped configuration and the node agent in `--simulate dgx-a100` mode as a host process
 whose device plugin registers with the kubelet. `test_full_path.py` checks what containers see;
 `test_churn.py` (driver in `churn.py`, also `python -m tests.node.churn`) churns pods through
-kubelet, node agent and extender restarts.
+kubelet, node agent and extender restarts. `test_shipped_manifests.py` runs the shipped node agent
+DaemonSet and extender Deployment as pods from the project image (`make image`, cached) under
+the kubelet, with a small overlay its docstring lists, and schedules GPU pods through them.
 
 What the machine needs: root (runc, mounts, the kubelet's fixed `/var/lib/kubelet/device-plugins`,
 so one such node per machine: `real_node.node_lock` serialises test processes); cgroups (v1 works
