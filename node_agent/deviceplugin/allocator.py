@@ -170,6 +170,51 @@ def choose_slot(
     return found[0] if found else None
 
 
+def lost_handout(
+    resource: str,
+    device_ids: Sequence[str],
+    records: Sequence[PodRecord],
+    state: AllocatorState,
+    kubelet_holding: Iterable[tuple[str, str, str]],
+) -> Slot | None:
+    """A slot handed out before that the kubelet asks for again: its Allocate was answered, but
+    the kubelet holds no devices of this resource for that container now (it stopped after the
+    answer and before it recorded it, and admits the pod again after its restart). Used only
+    when no unconsumed slot fits, and only with the kubelet's account (`kubelet_holding`:
+    (namespace, pod, resource) of every container its pod-resources List names with devices):
+    a pod the kubelet accounts devices of this resource to is not served again unless it asks
+    for exactly the IDs it got before (the kubelet never passes IDs it accounts to one
+    container to another, so that is the same container asking again). Among several, the one
+    whose earlier handout had these very device IDs wins, else the oldest bind."""
+    holding = {(ns, pod, res) for ns, pod, res in kubelet_holding}
+    wanted = tuple(sorted(device_ids, key=device_order))
+    earlier = {h.slot.key: h for h in state.handouts}
+    found: list[Slot] = []
+    for record in records:  # already sorted oldest bind first
+        accounted = (record.ref.namespace, record.ref.name, resource) in holding
+        for slot in record.slots:
+            if slot.resource != resource or slot.amount != len(device_ids):
+                continue
+            handout = earlier.get(slot.key)
+            same_ids = handout is not None and handout.kubelet_ids == wanted
+            if accounted and not same_ids:
+                continue  # the kubelet has this container's devices: the request is not for it
+            if handout is not None or slot.container in record.consumed_in_api:
+                found.append(slot)
+                break
+    for slot in found:
+        handout = earlier.get(slot.key)
+        if handout is not None and handout.kubelet_ids == wanted:
+            return slot
+    return found[0] if found else None
+
+
+def forget_handout(state: AllocatorState, slot: Slot) -> AllocatorState:
+    """The state without the earlier handout of `slot` (it is being handed out again)."""
+    handouts = tuple(h for h in state.handouts if h.slot.key != slot.key)
+    return state if handouts == state.handouts else AllocatorState(handouts, state.holds)
+
+
 def fit_within_record(
     slot: Slot, record: PodRecord, device_ids: Sequence[str], state: AllocatorState
 ) -> Slot:

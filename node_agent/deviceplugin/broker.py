@@ -29,12 +29,14 @@ from node_agent.deviceplugin.allocator import (
     consume,
     consumption_of,
     fit_within_record,
+    forget_handout,
+    lost_handout,
     preferred_ids,
     release_departed,
     resync,
 )
 from node_agent.deviceplugin.container_spec import ContainerSpec, SharingConfig, container_spec
-from node_agent.deviceplugin.holds import kubelet_active, node_holds, report_holds
+from node_agent.deviceplugin.holds import kubelet_active, kubelet_holding, node_holds, report_holds
 from node_agent.deviceplugin.inventory import Inventory
 from node_agent.deviceplugin.reconcile import KubeletAssignment, Reconciliation, Rewrite, reconcile
 from node_agent.deviceplugin.record_store import BoundPod, PodRecordStore, RecordStoreError
@@ -91,6 +93,7 @@ class AllocationBroker:
         self._store = store
         self._clock = clock
         self._grace_s = departure_grace_s
+        self._last_kubelet: Sequence[KubeletAssignment] | None = None  # its account at the last fresh look
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._state = AllocatorState()
@@ -145,6 +148,15 @@ class AllocationBroker:
             if slot is None:
                 records = self._refreshed(records)
                 slot = choose_slot(resource, device_ids, records, self._state, self.inventory)
+            if slot is None and self._last_kubelet is not None:
+                slot = lost_handout(
+                    resource, device_ids, records, self._state, kubelet_holding(self._last_kubelet)
+                )
+                if slot is not None:
+                    log.info(
+                        "the kubelet asks again for %s of %s (it lost the first answer)", resource, slot.pod
+                    )
+                    self._state = forget_handout(self._state, slot)
             if slot is None:
                 self.counters.refusals += 1
                 raise AllocationRefused(
@@ -268,6 +280,7 @@ class AllocationBroker:
         except RecordStoreError:
             return records
         kubelet = self._ask_kubelet()
+        self._last_kubelet = kubelet
         if kubelet is not None:
             self._state = release_departed(
                 self._state, (p.ref.uid for p in pods), self._clock(), self._grace_s, kubelet_active(kubelet)

@@ -29,6 +29,11 @@ def kubelet_active(assignments: Iterable[KubeletAssignment]) -> frozenset[tuple[
     return frozenset((a.namespace, a.pod) for a in assignments if a.device_ids)
 
 
+def kubelet_holding(assignments: Iterable[KubeletAssignment]) -> frozenset[tuple[str, str, str]]:
+    """(namespace, pod, resource) of every pod the kubelet accounts devices of that resource to."""
+    return frozenset((a.namespace, a.pod, a.resource) for a in assignments if a.device_ids)
+
+
 def grants_of_devices(device_ids: Iterable[str], inventory: Inventory) -> tuple[GpuGrant, ...]:
     """The grants a set of kubelet device IDs stands for (IDs not of this node are left out)."""
     whole: list[GpuGrant] = []

@@ -170,3 +170,46 @@ def test_node_holds_prefers_the_api_uid_of_the_pod() -> None:
     a = KubeletAssignment("ns", "p", "c", WHOLE_GPU, (uuid(0),))
     holds = node_holds("7", [a], AllocatorState(), {("ns", "p"): "uid-p"}, inv)
     assert holds.pods == (HeldPod("ns", "p", "uid-p", (GpuGrant(0, uuid(0), whole=True),)),)
+
+
+@pytest.mark.timeout(30)
+def test_a_kubelet_that_lost_an_answered_allocate_gets_the_same_gpu_again() -> None:
+    """The kubelet stopped after our answer and before it recorded it: after its restart it
+    admits the pod again and asks once more. It accounts no device to that pod, so the record's
+    slot is handed out again (same GPU, same pod) instead of refused."""
+    broker, _store, _kubelet, _ = broker_with_kubelet(pod("a", whole(1)))
+    assert visible(broker.allocate(WHOLE_GPU, [uuid(1)])) == [uuid(1)]
+    assert visible(broker.allocate(WHOLE_GPU, [uuid(1)])) == [uuid(1)]  # asked again
+    assert len(broker.state.handouts) == 1
+    assert [h.holder.name for h in broker.state.holds] == ["a"]
+
+
+@pytest.mark.timeout(30)
+def test_a_container_the_kubelet_still_accounts_is_not_served_other_ids() -> None:
+    """When the kubelet's account names the pod's devices, a second request of the same size
+    for other IDs is not that pod's: it is refused rather than given the pod's GPU again."""
+    broker, _store, kubelet, _ = broker_with_kubelet(pod("a", whole(1)))
+    broker.allocate(WHOLE_GPU, [uuid(1)])
+    kubelet.hold("a", WHOLE_GPU, uuid(1))
+    with pytest.raises(AllocationRefused):
+        broker.allocate(WHOLE_GPU, [uuid(2)])
+
+
+@pytest.mark.timeout(30)
+def test_without_the_kubelets_account_an_answered_allocate_is_not_repeated() -> None:
+    """With the pod-resources socket down nothing says the kubelet lost the answer: refuse."""
+    broker, _store, kubelet, _ = broker_with_kubelet(pod("a", whole(1)))
+    broker.allocate(WHOLE_GPU, [uuid(1)])
+    kubelet.down = True
+    with pytest.raises(AllocationRefused):
+        broker.allocate(WHOLE_GPU, [uuid(1)])
+
+
+@pytest.mark.timeout(30)
+def test_a_kubelet_asking_again_for_the_very_same_ids_is_the_same_container() -> None:
+    """Restored from its checkpoint, the kubelet may account the devices and still ask again:
+    the very IDs of the earlier answer are that container's own, so they are served again."""
+    broker, _store, kubelet, _ = broker_with_kubelet(pod("a", whole(1)))
+    broker.allocate(WHOLE_GPU, [uuid(1)])
+    kubelet.hold("a", WHOLE_GPU, uuid(1))
+    assert visible(broker.allocate(WHOLE_GPU, [uuid(1)])) == [uuid(1)]
