@@ -18,7 +18,7 @@ from tests.node.real_node import RealNode
 
 REPORT_DIR = REPO_ROOT / "build" / "reports"
 
-pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.churn, pytest.mark.timeout(900)]
 
 
 @pytest.fixture
