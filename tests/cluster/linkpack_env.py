@@ -9,15 +9,22 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
-from tests.cluster.controlplane import REPO_ROOT, ControlPlane, free_port, render_scheduler_config
+from tests.cluster.controlplane import (
+    REPO_ROOT,
+    ControlPlane,
+    delete_fake_node,
+    free_port,
+    render_scheduler_config,
+)
 from tests.tls_certs import TlsSet, issue_tls_set, tls_set_in
 from topology.catalog import load_machine
 from topology.codec import encode_topology
@@ -63,6 +70,28 @@ def publish_node(cp: ControlPlane, node: str, topology: NodeTopology) -> None:
             "spec": encode_topology(topology),
         },
     )
+
+
+def unpublish_node(cp: ControlPlane, node: str) -> None:
+    """Remove a `publish_node` node and its GpuTopology record (either may already be gone)."""
+    delete_fake_node(cp.api_client(), node)
+    with contextlib.suppress(ApiException):
+        client.CustomObjectsApi(cp.api_client()).delete_cluster_custom_object(
+            "linkpack.io", "v1alpha1", "gputopologies", node
+        )
+
+
+@contextlib.contextmanager
+def published_nodes(cp: ControlPlane, topologies: Mapping[str, NodeTopology]) -> Iterator[None]:
+    """`publish_node` for each node, all removed again on exit: the session's control plane is
+    shared, and a GPU node left behind would be offered to the pods of every later test."""
+    try:
+        for node, topology in topologies.items():
+            publish_node(cp, node, topology)
+        yield
+    finally:
+        for node in topologies:
+            unpublish_node(cp, node)
 
 
 def scheduler_config(cp: ControlPlane, extender_url: str, tls: TlsSet | None = None) -> str:

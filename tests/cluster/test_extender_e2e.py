@@ -25,7 +25,7 @@ from tests.cluster.linkpack_env import (
     ExtenderProcess,
     gpu_pod,
     node_topology,
-    publish_node,
+    published_nodes,
     running_extender,
     scheduler_config,
     wait_until,
@@ -42,9 +42,7 @@ TOPOLOGIES = {node: node_topology(node, machine) for node, machine in GPU_NODES}
 @pytest.fixture(scope="module")
 def installation(linkpack_crd: ControlPlane) -> Iterator[tuple[ControlPlane, ExtenderProcess]]:
     cp = linkpack_crd
-    for node, topology in TOPOLOGIES.items():
-        publish_node(cp, node, topology)
-    with running_extender(cp) as extender:
+    with published_nodes(cp, TOPOLOGIES), running_extender(cp) as extender:
         cp.start_scheduler(scheduler_config(cp, extender.url, extender.tls))
         try:
             yield cp, extender

@@ -11,7 +11,6 @@ bound pod's allocation is its ledger entry, and once the pods are gone so are th
 
 from __future__ import annotations
 
-import contextlib
 import re
 import threading
 from collections.abc import Iterator
@@ -20,18 +19,17 @@ from typing import Any
 import httpx
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from contract.allocation import decode_allocation
 from contract.keys import ALLOCATION_ANNOTATION
 from contract.ledger import Ledger, ledger_from_config_map
-from tests.cluster.controlplane import ControlPlane, delete_fake_node, temporary_namespace
+from tests.cluster.controlplane import ControlPlane, temporary_namespace
 from tests.cluster.linkpack_env import (
     ExtenderProcess,
     extender_tls,
     gpu_pod,
     node_topology,
-    publish_node,
+    published_nodes,
     scheduler_config,
     wait_until,
 )
@@ -104,31 +102,25 @@ def ha_installation(
     linkpack_crd: ControlPlane,
 ) -> Iterator[tuple[ControlPlane, list[ExtenderProcess], ServiceProxy]]:
     cp = linkpack_crd
-    for node, topology in TOPOLOGIES.items():
-        publish_node(cp, node, topology)
     tls = extender_tls(cp)
     replicas = [ExtenderProcess(cp.kubeconfig_path, cp.log_dir / f"extender-ha-{n}.log", tls) for n in "ab"]
-    try:
-        for replica in replicas:
-            replica.start(timeout_s=_START_LIMIT_S)
-        backends = tuple(
-            Backend(f"replica-{n}", r.port, r.ops_url) for n, r in zip("ab", replicas, strict=True)
-        )
-        with ServiceProxy(backends, idle_close_s=2.0) as proxy:
-            wait_until(lambda: len(proxy.ready()) == 2, 30, "both replicas Ready behind the proxy")
-            cp.start_scheduler(scheduler_config(cp, proxy.url, tls))
-            try:
-                yield cp, replicas, proxy
-            finally:
-                cp.stop_scheduler()
-    finally:
-        for replica in replicas:
-            replica.kill()
-        custom = client.CustomObjectsApi(cp.api_client())
-        for node in NODES:  # other modules place pods on any GPU node they find
-            delete_fake_node(cp.api_client(), node)
-            with contextlib.suppress(ApiException):
-                custom.delete_cluster_custom_object("linkpack.io", "v1alpha1", "gputopologies", node)
+    with published_nodes(cp, TOPOLOGIES):
+        try:
+            for replica in replicas:
+                replica.start(timeout_s=_START_LIMIT_S)
+            backends = tuple(
+                Backend(f"replica-{n}", r.port, r.ops_url) for n, r in zip("ab", replicas, strict=True)
+            )
+            with ServiceProxy(backends, idle_close_s=2.0) as proxy:
+                wait_until(lambda: len(proxy.ready()) == 2, 30, "both replicas Ready behind the proxy")
+                cp.start_scheduler(scheduler_config(cp, proxy.url, tls))
+                try:
+                    yield cp, replicas, proxy
+                finally:
+                    cp.stop_scheduler()
+        finally:
+            for replica in replicas:
+                replica.kill()
 
 
 def _pod(name: str, shape: dict[str, int]) -> dict[str, Any]:

@@ -5,6 +5,7 @@ decideNode: false leaves the choice to the scores, where that preference wins.""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +18,7 @@ from tests.cluster.controlplane import ControlPlane, temporary_namespace
 from tests.cluster.linkpack_env import (
     gpu_pod,
     node_topology,
-    publish_node,
+    published_nodes,
     running_extender,
     scheduler_config,
     wait_until,
@@ -39,13 +40,15 @@ def _ranked(group: str) -> list[str]:
 @pytest.fixture(scope="module")
 def deciding(linkpack_crd: ControlPlane) -> Iterator[ControlPlane]:
     cp = linkpack_crd
-    for group, nodes in NODES.items():
-        for node in nodes:
-            publish_node(cp, node, node_topology(node, "rtx3090-2socket"))
-            client.CoreV1Api(cp.api_client()).patch_node(
-                node, {"metadata": {"labels": {"linkpack-e2e": group}}}
-            )
-    with running_extender(cp, "extender-decide") as extender:
+    topologies = {node: node_topology(node, "rtx3090-2socket") for nodes in NODES.values() for node in nodes}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(published_nodes(cp, topologies))
+        for group, nodes in NODES.items():
+            for node in nodes:
+                client.CoreV1Api(cp.api_client()).patch_node(
+                    node, {"metadata": {"labels": {"linkpack-e2e": group}}}
+                )
+        extender = stack.enter_context(running_extender(cp, "extender-decide"))
         cp.start_scheduler(scheduler_config(cp, extender.url, extender.tls))
         try:
             yield cp

@@ -4,6 +4,7 @@ and GPU power budgets, each with its refusal reason in the pod's FailedSchedulin
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +21,7 @@ from tests.cluster.linkpack_env import (
     ExtenderProcess,
     gpu_pod,
     node_topology,
-    publish_node,
+    published_nodes,
     running_extender,
     scheduler_config,
     wait_until,
@@ -60,12 +61,13 @@ def _publish_status(
 @pytest.fixture(scope="module")
 def surface(linkpack_crd: ControlPlane) -> Iterator[tuple[ControlPlane, ExtenderProcess]]:
     cp = linkpack_crd
-    for node, (machine, driver, cuda, power) in NODES.items():
-        topology = node_topology(node, machine)
-        publish_node(cp, node, topology)
-        client.CoreV1Api(cp.api_client()).patch_node(node, {"metadata": {"labels": ROLE}})
-        _publish_status(cp, node, driver, cuda, power, topology.gpu_count)
-    with running_extender(cp, "extender-surface") as extender:
+    topologies = {node: node_topology(node, machine) for node, (machine, *_) in NODES.items()}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(published_nodes(cp, topologies))
+        for node, (_, driver, cuda, power) in NODES.items():
+            client.CoreV1Api(cp.api_client()).patch_node(node, {"metadata": {"labels": ROLE}})
+            _publish_status(cp, node, driver, cuda, power, topologies[node].gpu_count)
+        extender = stack.enter_context(running_extender(cp, "extender-surface"))
         cp.start_scheduler(scheduler_config(cp, extender.url, extender.tls))
         try:
             yield cp, extender

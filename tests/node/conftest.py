@@ -21,9 +21,7 @@ import pytest
 from tests.cluster.binaries import build_kubelet
 from tests.cluster.controlplane import ControlPlane
 from tests.node.packages import ensure_node_packages
-from tests.node.real_node import RealNode
-
-NODE_NAME = "real-node"
+from tests.node.real_node import NODE_NAME, RealNode
 
 
 @pytest.fixture(scope="session")

@@ -198,4 +198,24 @@ def wait_pod_phase(core: Any, namespace: str, name: str, phases: set[str], timeo
         pod = core.read_namespaced_pod(name, namespace)
         return pod if pod.status.phase in phases else None
 
-    return wait_for(reached, timeout_s, f"pod {namespace}/{name} in {sorted(phases)}")
+    return wait_for(
+        reached,
+        timeout_s,
+        f"pod {namespace}/{name} in {sorted(phases)}",
+        on_timeout=lambda: pod_story(core, namespace, name),
+    )
+
+
+def pod_story(core: Any, namespace: str, name: str) -> str:
+    """Where a pod is and why, for a timeout's message: node, phase, conditions and events."""
+    try:
+        pod = core.read_namespaced_pod(name, namespace)
+        events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
+    except Exception as exc:  # the message is best effort; the timeout is the failure
+        return f"(could not read pod {namespace}/{name}: {exc})"
+    conditions = [
+        f"{c.type}={c.status} {c.reason or ''} {c.message or ''}".strip() for c in pod.status.conditions or ()
+    ]
+    lines = [f"pod {namespace}/{name}: node={pod.spec.node_name} phase={pod.status.phase}", *conditions]
+    lines += [f"event {e.reason}: {e.message}" for e in events[-10:]]
+    return "\n".join(lines)

@@ -24,6 +24,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -40,6 +41,8 @@ from tests.node.images import PAUSE_IMAGE, build_test_images
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 NODE_LOCK = Path("/var/lib/kubelet/linkpack-test-node.lock")
 POD_LOGS = Path("/var/log/pods")
+#: The test node's name (and its `kubernetes.io/hostname` label); one per machine.
+NODE_NAME = "real-node"
 NOT_READY_TOLERATION = {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}
 
 
@@ -87,6 +90,47 @@ def clean_device_plugin_dir() -> None:
     for entry in DEVICE_PLUGIN_DIR.iterdir():
         if entry.is_socket() or entry.name == "kubelet_internal_checkpoint":
             entry.unlink(missing_ok=True)
+
+
+NODE_DIR_PREFIX = "/tmp/lp-node-"
+
+
+def _stale(pid: int) -> bool:
+    """Whether process `pid` belongs to a test node's directory: its command line names one
+    (kubelet, containerd, shims, the node agent) or its root is a container's root filesystem."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        root = os.readlink(f"/proc/{pid}/root")
+    except OSError:
+        return False
+    return NODE_DIR_PREFIX.encode() in cmdline or root.startswith(NODE_DIR_PREFIX)
+
+
+def sweep_stale_nodes() -> list[int]:
+    """Kill what an earlier, killed test run left of its node and remove its directories.
+
+    Processes a test restarts from a worker thread cannot be tied to the test process's life
+    (the kernel's parent-death signal follows the starting thread), and containers never are;
+    with the machine's one node slot held (`node_lock`), every process of a node directory is a
+    leftover. Returns the pids killed."""
+    ours = {os.getpid(), os.getppid()}
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) not in ours and _stale(int(entry.name)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+    with contextlib.suppress(OSError):
+        for mount in sorted(_mounts_under(NODE_DIR_PREFIX), key=len, reverse=True):
+            subprocess.run(["umount", "-l", mount], capture_output=True)
+    for leftover in Path("/tmp").glob(Path(NODE_DIR_PREFIX).name + "*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    return killed
+
+
+def _mounts_under(prefix: str) -> list[str]:
+    lines = Path("/proc/self/mounts").read_text().splitlines()
+    return [m.split()[1] for m in lines if len(m.split()) > 1 and m.split()[1].startswith(prefix)]
 
 
 def containerd_config(base: Path, sandbox_image: str = PAUSE_IMAGE) -> str:
@@ -150,7 +194,7 @@ def kubelet_config(base: Path, port: int, healthz_port: int) -> dict[str, Any]:
 class RealNode:
     """containerd + kubelet for one node of `cp`; `start()`, `stop()`, `restart_kubelet()`."""
 
-    def __init__(self, cp: ControlPlane, kubelet: Path, node: str = "real-node") -> None:
+    def __init__(self, cp: ControlPlane, kubelet: Path, node: str = NODE_NAME) -> None:
         self.cp = cp
         self.kubelet_binary = kubelet
         self.node = node
@@ -187,7 +231,8 @@ class RealNode:
         lock.enter_context(node_lock())
         self._lock = lock
         try:
-            self.base = Path(tempfile.mkdtemp(prefix="lp-node-", dir="/tmp"))
+            sweep_stale_nodes()
+            self.base = Path(tempfile.mkdtemp(prefix=Path(NODE_DIR_PREFIX).name, dir="/tmp"))
             for sub in ("containerd", "cni/bin", "cni/net.d", "kubelet", "images"):
                 (self.base / sub).mkdir(parents=True, exist_ok=True)
             clean_device_plugin_dir()
@@ -310,12 +355,9 @@ class RealNode:
         if self.base == Path():
             return
         try:
-            mounts = Path("/proc/self/mounts").read_text().splitlines()
+            targets = _mounts_under(str(self.base))
         except OSError:
             return
-        targets = [
-            m.split()[1] for m in mounts if len(m.split()) > 1 and m.split()[1].startswith(str(self.base))
-        ]
         for target in sorted(targets, key=len, reverse=True):
             subprocess.run(["umount", "-l", target], capture_output=True)
 
@@ -328,8 +370,11 @@ def host_pod(
     image: str = "linkpack.local/busybox:1",
     scheduler: str | None = "linkpack",
     grace_s: int = 2,
+    node: str = NODE_NAME,
 ) -> dict[str, Any]:
-    """A hostNetwork pod running `sh -c command` that tolerates the not-ready node (no CNI)."""
+    """A hostNetwork pod running `sh -c command` that tolerates the not-ready node (no CNI) and
+    selects `node`: the session's control plane may also hold API-only nodes of other tests,
+    which no kubelet runs."""
     resources = {"limits": dict(limits), "requests": dict(limits)} if limits else {}
     spec: dict[str, Any] = {
         "hostNetwork": True,
@@ -338,6 +383,7 @@ def host_pod(
         "terminationGracePeriodSeconds": grace_s,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
+        "nodeSelector": {"kubernetes.io/hostname": node},
         "containers": [
             {
                 "name": "main",
