@@ -26,6 +26,9 @@ from node_agent.health import Severity
 from node_agent.interposer_lib import DEFAULT_INTERPOSER_LIB
 from node_agent.mps import DEFAULT_MPS_CONTROL, DEFAULT_MPS_LOG_DIR, DEFAULT_MPS_PIPE_DIR
 from node_agent.sources.nvml_reader import parse_cuda_version
+from node_agent.sources.nvml_simulated import SimulatedNvml
+from node_agent.sources.simulated_mig import MigLayoutError
+from topology.catalog import CatalogError
 
 DEFAULT_METRICS_PORT = 9402
 DEFAULT_SHIM_HOST_DIR = "/var/lib/linkpack/shim"
@@ -74,6 +77,8 @@ class AgentConfig:
     set_power_limits: bool = False  # hold GPUs at their pods' power budgets (`node_agent.power`)
     simulate_driver: str | None = None  # the simulated driver's version (simulate mode only)
     simulate_cuda: str | None = None  # the CUDA version the simulated driver runs, MAJOR.MINOR
+    #: simulated GPUs started in MIG mode: GPU index -> its instances' profiles (`--simulate-mig`)
+    simulate_mig: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def simulated(self) -> bool:
@@ -187,15 +192,20 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
                    help="with --simulate: the simulated driver's version (default 550.54.15)")  # fmt: skip
     p.add_argument("--simulate-cuda", default=None, metavar="MAJOR.MINOR",
                    help="with --simulate: the CUDA version the simulated driver runs (default 12.4)")  # fmt: skip
+    p.add_argument("--simulate-mig", default=None, metavar="GPU=PROFILE[*N][+...][,...]",
+                   help="with --simulate: start these GPUs in MIG mode with these instances of the "
+                   "model's real profiles, e.g. 7=1g.5gb*7 or 6=3g.20gb+2g.10gb+1g.5gb*2,7=7g.40gb "
+                   "on a DGX A100 (A100 40GB); the other GPUs stay whole")  # fmt: skip
     a = p.parse_args(argv)
     if bad_env:
         p.error(bad_env)
-    if (a.simulate_driver is not None or a.simulate_cuda is not None) and a.simulate is None:
-        p.error("--simulate-driver and --simulate-cuda need --simulate")
+    if (a.simulate_driver, a.simulate_cuda, a.simulate_mig) != (None, None, None) and a.simulate is None:
+        p.error("--simulate-driver, --simulate-cuda and --simulate-mig need --simulate")
     if a.simulate_cuda is not None and parse_cuda_version(a.simulate_cuda) is None:
         p.error(f"--simulate-cuda {a.simulate_cuda!r}: expected MAJOR.MINOR, e.g. 12.4")
     node = a.node_name or (_simulated_node_name(a.simulate) if a.simulate else socket.gethostname())
     use_kube = not a.no_kube and not a.print_discovery
+    simulate_mig = _simulate_mig(p, a.simulate, a.simulate_mig, node) if a.simulate_mig is not None else {}
     return AgentConfig(
         node_name=node,
         simulate=a.simulate,
@@ -236,6 +246,7 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         set_power_limits=a.set_power_limits,
         simulate_driver=a.simulate_driver,
         simulate_cuda=a.simulate_cuda,
+        simulate_mig=simulate_mig,
     )
 
 
@@ -268,6 +279,50 @@ def _xid_overrides(p: argparse.ArgumentParser, items: Sequence[str]) -> dict[int
         if not sep:
             p.error(f"--xid-severity {item!r}: expected XID=SEVERITY")
     return overrides
+
+
+def parse_mig_layout(text: str) -> dict[int, tuple[str, ...]]:
+    """`--simulate-mig` text as {GPU index: profiles}: comma-separated `GPU=SPEC`, SPEC being
+    `+`-separated `PROFILE` or `PROFILE*N` (N instances), e.g. "6=3g.20gb+1g.5gb*4,7=7g.40gb".
+    ValueError names the part that is malformed; whether the GPUs can host it is not checked."""
+    layout: dict[int, tuple[str, ...]] = {}
+    for item in text.split(","):
+        gpu, sep, spec = (part.strip() for part in item.partition("="))
+        if not sep or not gpu or not spec:
+            raise ValueError(f"{item.strip()!r} is not GPU=PROFILE[*N][+PROFILE[*N]...]")
+        if not gpu.isdigit():
+            raise ValueError(f"{gpu!r} is not a GPU index")
+        index = int(gpu)
+        if index in layout:
+            raise ValueError(f"GPU {index} is given twice")
+        profiles: list[str] = []
+        for term in spec.split("+"):
+            profile, star, count = (part.strip() for part in term.partition("*"))
+            if not profile:
+                raise ValueError(f"GPU {index}: an empty profile in {spec!r}")
+            if star and not (count.isdigit() and int(count) > 0):
+                raise ValueError(f"GPU {index}: {term.strip()!r} needs a positive count after '*'")
+            profiles += [profile.lower()] * (int(count) if star else 1)
+        layout[index] = tuple(profiles)
+    return layout
+
+
+def _simulate_mig(
+    p: argparse.ArgumentParser, simulate: str, text: str, node: str
+) -> dict[int, tuple[str, ...]]:
+    """The parsed `--simulate-mig`, checked against the simulated machine's GPUs (their index,
+    model and memory) by building the simulation it will run with."""
+    try:
+        layout = parse_mig_layout(text)
+    except ValueError as exc:
+        p.error(f"--simulate-mig {text!r}: {exc}")
+    try:
+        SimulatedNvml.from_machine(simulate, node_name=node, mig_layout=layout)
+    except MigLayoutError as exc:
+        p.error(f"--simulate-mig {text!r}: {exc}")
+    except (CatalogError, OSError) as exc:
+        p.error(f"--simulate {simulate!r}: {exc}")
+    return layout
 
 
 def _simulated_node_name(profile: str) -> str:

@@ -32,6 +32,7 @@ from node_agent.plugin_host import DevicePluginHost, DevicePluginSettings, prepa
 from node_agent.pod_records import KubePodRecords
 from node_agent.sources.discovery import DiscoveryError
 from node_agent.sources.opening import open_sources
+from node_agent.sources.simulated_mig import MigLayoutError
 from topology.catalog import CatalogError
 
 log = logging.getLogger("node_agent")
@@ -145,11 +146,12 @@ def run(config: AgentConfig) -> int:
             nvidia_smi=config.nvidia_smi,
             simulate_driver=config.simulate_driver,
             simulate_cuda=config.simulate_cuda,
+            simulate_mig=config.simulate_mig,
         )
         if config.use_kube:
             api = KubernetesNodeApi.from_config(config.node_name, config.kubeconfig, config.resources)
         agent = Agent(config, sources.reader, api, AgentMetrics(), sources.topo_text)
-    except (CatalogError, DiscoveryError, KubeError, OSError) as exc:
+    except (CatalogError, DiscoveryError, KubeError, MigLayoutError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return 2
     if config.print_discovery:

@@ -15,6 +15,10 @@ What a real machine of that shape would say:
   `set_power_limit` changes the limit within that range and records every call in
   `power_limit_calls`; with `power_settable` off it is refused as without root.
 
+- MIG: `mig_layout` ({GPU index: profile names}) starts those GPUs in MIG mode with those
+  instances, cut with the model's real profiles (`simulated_mig`; the agent's `--simulate-mig`);
+  a layout the GPU cannot host raises MigLayoutError. `set_mig` replaces a GPU's MIG state.
+
 Faults for the health and watchdog paths: `inject_xid`, `inject_ecc_event`, `set_ecc`,
 `set_nvlink_active`, `set_gpu_lost`, processes with memory, `clear_faults`. `apply_fault`
 takes the same commands as JSON (the agent's POST /debug/inject in simulate mode).
@@ -28,7 +32,7 @@ from __future__ import annotations
 import threading
 import uuid as uuidlib
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -49,9 +53,10 @@ from node_agent.sources.nvml_reader import (
     Utilization,
     XidEvent,
 )
+from node_agent.sources.simulated_mig import carve_layout
 from topology.bandwidth import generation_of
 from topology.catalog import load_machine
-from topology.model import Gpu, LinkKind, NodeTopology
+from topology.model import Gpu, LinkKind, MigMode, NodeTopology
 from topology.smi_parser import looks_like_nvswitch
 
 _MIB = 1024 * 1024
@@ -136,6 +141,7 @@ class SimulatedNvml:
         default_memory_mib: int = 81920,
         driver: str = DEFAULT_SIMULATED_DRIVER,
         cuda_version: str = DEFAULT_SIMULATED_CUDA,
+        mig_layout: Mapping[int, Sequence[str]] | None = None,
     ) -> None:
         self.topology = topology
         self._driver = driver
@@ -164,7 +170,10 @@ class SimulatedNvml:
         self._ecc: dict[int, EccCounts] = {}
         self._processes: dict[int, dict[int, int | None]] = {}
         self._utilization: dict[int, Utilization] = {}
-        self._mig: dict[int, MigInfo] = {}
+        self._mig: dict[int, MigInfo] = {
+            index: MigInfo(MigMode.ENABLED, devices)
+            for index, devices in carve_layout(self._gpus, mig_layout or {}).items()
+        }
         self._power = {g.index: simulated_power(g.model) for g in self._gpus}
 
     @classmethod

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,18 +34,20 @@ def open_sources(
     nvidia_smi: str,
     simulate_driver: str | None = None,
     simulate_cuda: str | None = None,
+    simulate_mig: Mapping[int, Sequence[str]] | None = None,
 ) -> NodeSources:
     """A simulated machine (catalog name or `topo -m` file) when `simulate` is set, else the real
     NVML (when it loads) and `nvidia-smi` (unless `use_smi` is off). Raises CatalogError and
     OSError for a simulated machine that cannot be loaded. `simulate_driver` / `simulate_cuda`
-    replace the simulated driver's version and the CUDA version it runs."""
+    replace the simulated driver's version and the CUDA version it runs; `simulate_mig` starts
+    those simulated GPUs in MIG mode with those instances (MigLayoutError when one cannot)."""
     if simulate is not None:
         versions: dict[str, str] = {}
         if simulate_driver is not None:
             versions["driver"] = simulate_driver
         if simulate_cuda is not None:
             versions["cuda_version"] = simulate_cuda
-        sim = SimulatedNvml.from_machine(simulate, node_name=node_name, **versions)
+        sim = SimulatedNvml.from_machine(simulate, node_name=node_name, mig_layout=simulate_mig, **versions)
         text = simulated_topo_text(simulate)
         return NodeSources(sim, sim, lambda: text)
     reader: NvmlReader | None = None
