@@ -1,16 +1,19 @@
 """Churn and faults on a real node: waves of short GPU pods while the node's parts restart.
 
-`run_churn` drives waves of `pods_per_wave` short pods (1 or 2 whole GPUs, or a 25-unit share;
-3-8 s each, seeded) on the real node through the real scheduler, extender, kubelet and node
-agent; each wave starts when the last one has finished. Some pods run to completion, some are
+`run_churn` drives waves of `pods_per_wave` short pods (1 or 2 whole GPUs, a 25-unit share or
+one MIG instance of the stack's MIG GPU, a quarter each; 3-8 s each, seeded) on the real node
+through the real scheduler, extender, kubelet and node agent; each wave starts when the last one
+has finished. Some pods run to completion, some are
 deleted gracefully, some with `--force` (grace 0) while they run. At chosen waves the kubelet,
 the node agent or the extender is restarted while the wave runs. Before the first wave one GPU
-is cordoned (node annotation) and one is made unhealthy (an injected XID).
+is cordoned (node annotation) and one is made unhealthy (an injected XID), both among the whole
+GPUs (the MIG GPU's instances are the only ones MIG pods can get).
 
 Every poll checks, on the kubelet's own pod-resources account: no GPU held whole by one pod is
-held by another pod too; every running container's NVIDIA_VISIBLE_DEVICES is exactly what the
-account names for its pod; no pod got the cordoned or unhealthy GPU. It counts admission
-rejections (pods Failed at admission) and measures creation-to-Running times.
+held by another pod too, and no MIG instance is held by two pods; every running container's
+NVIDIA_VISIBLE_DEVICES is exactly what the account names for its pod (for a MIG pod, the MIG
+instance's UUID) and what its record grants; no pod got the cordoned or unhealthy GPU. It counts
+admission rejections (pods Failed at admission) and measures creation-to-Running times.
 
 `python -m tests.node.churn` runs it on a fresh control plane and node and prints the report
 (root needed; see tests/node/real_node.py).
@@ -33,17 +36,19 @@ from kubernetes.client.exceptions import ApiException
 
 from contract.keys import CORDON_ANNOTATION
 from tests.cluster.controlplane import wait_for
-from tests.node.checks import double_counted, kubelet_gpus, visible_gpus
-from tests.node.linkpack_stack import LinkpackStack, env_of, recorded
+from tests.node.checks import double_counted, kubelet_gpus, mig_double_held, recorded_devices, visible_gpus
+from tests.node.linkpack_stack import MIG_GPU, MIG_RESOURCE, LinkpackStack, env_of, recorded
 from tests.node.real_node import host_pod, stop_signal_safe
 
 KINDS: tuple[tuple[str, dict[str, str]], ...] = (
     ("gpu1", {"nvidia.com/gpu": "1"}),
     ("gpu2", {"nvidia.com/gpu": "2"}),
     ("share", {"nvidia.com/gpu.shared": "25"}),
+    ("mig", {MIG_RESOURCE: "1"}),
 )
-CORDONED_GPU = 7
+CORDONED_GPU = 5
 UNHEALTHY_GPU = 6
+assert MIG_GPU not in (CORDONED_GPU, UNHEALTHY_GPU)  # MIG pods have no other GPU to go to
 
 
 @dataclass(frozen=True)
@@ -165,7 +170,8 @@ def _check(
         account = stack.pod_resources()
     except OSError:
         return  # the kubelet is restarting
-    doubles = double_counted((a for a in account if a.namespace == namespace), "nvidia.com/gpu")
+    ours = [a for a in account if a.namespace == namespace]
+    doubles = double_counted(ours, "nvidia.com/gpu") | mig_double_held(ours, "nvidia.com/mig-")
     if doubles:
         report.double_holds += 1
         if len(report.double_hold_examples) < 5:
@@ -191,7 +197,7 @@ def _check(
         if not held:
             continue
         record = recorded(pod)
-        want = frozenset(g.uuid for g in record.grants) if record is not None else frozenset()
+        want = recorded_devices(record.grants) if record is not None else frozenset()
         now = time.monotonic()
         if visible_gpus(env) == held and held != want:
             # two pods of one shape admitted in the other order: the node swaps their records
@@ -339,7 +345,7 @@ def markdown(report: ChurnReport, plan: ChurnPlan) -> str:
         ),
         ("restarts while a wave ran", ", ".join(report.restarts) or "none"),
         ("admission rejections", str(s["admission_rejections"])),
-        ("polls seeing a GPU held whole by two pods", str(s["double_holds"])),
+        ("polls seeing a GPU held whole, or a MIG instance held, by two pods", str(s["double_holds"])),
         ("cordoned/unhealthy GPUs handed out", str(s["unavailable_handed_out"])),
         (
             "containers checked: env = pod-resources = record",

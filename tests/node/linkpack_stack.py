@@ -1,7 +1,8 @@
 """Linkpack on a real node: the extender (mutual TLS), kube-scheduler with the shipped
 configuration, and the node agent as a host process in `--simulate dgx-a100` mode whose device
 plugin registers with the real kubelet (the fixed device-plugin directory) and reads the
-kubelet's pod-resources socket under its root dir.
+kubelet's pod-resources socket under its root dir. The simulated GPU 7 is in MIG mode, cut into
+seven 1g.5gb instances (the A100 40GB's smallest profile, `--simulate-mig`); GPUs 0-6 stay whole.
 
 `LinkpackStack` starts and restarts each piece by pid; `pod_resources()` asks the kubelet
 which container holds which device IDs (the account dcgm-exporter reads), and
@@ -34,6 +35,12 @@ from tests.cluster.procs import die_with_parent
 from tests.node.real_node import DEVICE_PLUGIN_DIR, RealNode
 
 MACHINE = "dgx-a100"
+MIG_GPU = 7
+MIG_PROFILE = "1g.5gb"
+MIG_INSTANCES = 7
+MIG_RESOURCE = f"nvidia.com/mig-{MIG_PROFILE}"
+MIG_LAYOUT = f"{MIG_GPU}={MIG_PROFILE}*{MIG_INSTANCES}"
+WHOLE_GPUS = 7  # the machine's 8 GPUs but the MIG one
 
 
 _RUNS = itertools.count(1)  # numbers the log files of the session's processes
@@ -41,10 +48,11 @@ _RUNS = itertools.count(1)  # numbers the log files of the session's processes
 
 @dataclass
 class AgentProcess:
-    """`python -m node_agent --simulate <machine>` for the real node."""
+    """`python -m node_agent --simulate <machine> --simulate-mig <layout>` for the real node."""
 
     node: RealNode
     machine: str = MACHINE
+    mig_layout: str = MIG_LAYOUT  # "" starts every GPU whole
     port: int = 0
     runs: int = 0
     proc: subprocess.Popen[bytes] | None = None
@@ -78,6 +86,8 @@ class AgentProcess:
             f"--gpu-state-dir={base / 'gpu-state'}",
             "--no-watchdog",
         ]
+        if self.mig_layout:
+            argv.append(f"--simulate-mig={self.mig_layout}")
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 argv,
@@ -132,11 +142,16 @@ class LinkpackStack:
         self.cp.start_scheduler(scheduler_config(self.cp, self.extender.url, self.extender.tls))
         core = client.CoreV1Api(self.cp.api_client())
 
+        if self.agent.mig_layout:
+            want = {"nvidia.com/gpu": WHOLE_GPUS, MIG_RESOURCE: MIG_INSTANCES}
+        else:  # every GPU whole
+            want = {"nvidia.com/gpu": WHOLE_GPUS + 1}
+
         def advertised() -> bool:
             capacity = core.read_node(self.node.node).status.capacity or {}
-            return str(capacity.get("nvidia.com/gpu")) == "8"
+            return all(str(capacity.get(name)) == str(count) for name, count in want.items())
 
-        wait_for(advertised, 60, "the kubelet to advertise the plugin's GPUs")
+        wait_for(advertised, 60, "the kubelet to advertise the plugin's GPUs and MIG instances")
 
     def start_extender(self, port: int = 0) -> None:
         self.extender_runs = next(_RUNS)

@@ -1,8 +1,8 @@
-"""Churn and faults on the real node (`tests.node.churn`): waves of short whole-GPU and share pods
-with graceful and forced deletions while the kubelet, the node agent and the extender restart.
-Asserted: no admission rejection, no GPU held whole by two pods at once, no cordoned or unhealthy
-GPU handed out, every container's environment matching the kubelet's account and its record,
-every pod run. The report (with creation-to-Running times) is written to build/reports/."""
+"""Churn and faults on the real node (`tests.node.churn`): waves of short whole-GPU, share and MIG
+pods with graceful and forced deletions while the kubelet, the node agent and the extender restart.
+Asserted: no admission rejection, no GPU held whole (nor MIG instance held) by two pods at once,
+no cordoned or unhealthy GPU handed out, every container's environment matching the kubelet's
+account and its record, every pod run. The report (with creation-to-Running times) is written to build/reports/."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The whole path on a real node: kube-scheduler asks the extender, the extender binds and
 records GPUs, the kubelet admits the pod through the node agent's device plugin, containerd
-and runc start the container, and the container sees exactly the recorded GPUs; the kubelet's
-own pod-resources account names the same GPUs."""
+and runc start the container, and the container sees exactly the recorded GPUs (or MIG instance);
+the kubelet's own pod-resources account names the same devices."""
 
 from __future__ import annotations
 
@@ -12,8 +12,16 @@ import pytest
 from kubernetes import client
 
 from tests.cluster.controlplane import temporary_namespace, wait_for
-from tests.node.checks import double_counted, kubelet_gpus, visible_gpus
-from tests.node.linkpack_stack import LinkpackStack, env_of, recorded, running_stack, wait_pod_phase
+from tests.node.checks import double_counted, kubelet_gpus, mig_double_held, recorded_devices, visible_gpus
+from tests.node.linkpack_stack import (
+    MIG_GPU,
+    MIG_RESOURCE,
+    LinkpackStack,
+    env_of,
+    recorded,
+    running_stack,
+    wait_pod_phase,
+)
 from tests.node.real_node import RealNode, host_pod, stop_signal_safe
 
 pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.timeout(600)]
@@ -41,15 +49,20 @@ def _printed_env(stack: LinkpackStack, core: Any, namespace: str, name: str) -> 
     return wait_for(printed, 30, f"{name}'s environment in its log")
 
 
-def test_whole_and_share_pods_see_exactly_their_recorded_gpus(stack: LinkpackStack, namespace: str) -> None:
-    """A 4-GPU, a 2-GPU and a 25-unit share pod on one simulated DGX A100 run; each container's
-    NVIDIA_VISIBLE_DEVICES is its record's GPUs, the kubelet's pod-resources names the same GPUs,
-    and no GPU held whole is counted for a second pod."""
+def test_whole_share_and_mig_pods_see_exactly_their_recorded_gpus(
+    stack: LinkpackStack, namespace: str
+) -> None:
+    """A 4-GPU, a 2-GPU, a 25-unit share and a MIG pod on one simulated DGX A100 (GPU 7 in MIG
+    mode, so the whole-GPU and share pods use GPUs 0-6) run; each container's
+    NVIDIA_VISIBLE_DEVICES is its record's GPUs (the MIG pod: its MIG instance's UUID), the
+    kubelet's pod-resources names the same devices, and no GPU held whole or MIG instance is
+    counted for a second pod."""
     core = client.CoreV1Api(stack.cp.api_client())
     pods = {
         "four": {"nvidia.com/gpu": "4"},
         "two": {"nvidia.com/gpu": "2"},
         "share": {"nvidia.com/gpu.shared": "25"},
+        "mig": {MIG_RESOURCE: "1"},
     }
     for name, limits in pods.items():
         core.create_namespaced_pod(
@@ -63,10 +76,14 @@ def test_whole_and_share_pods_see_exactly_their_recorded_gpus(stack: LinkpackSta
         pod = core.read_namespaced_pod(name, namespace)
         record = recorded(pod)
         assert record is not None and record.node == stack.node.node
-        want = frozenset(g.uuid for g in record.grants)
+        want = recorded_devices(record.grants)
         env = _printed_env(stack, core, namespace, name)
         assert visible_gpus(env) == want, (name, env)
         assert kubelet_gpus(account, namespace, name) == want, (name, account)
     assert double_counted(account, "nvidia.com/gpu") == {}
+    assert mig_double_held(account, "nvidia.com/mig-") == {}
+    mig_record = recorded(core.read_namespaced_pod("mig", namespace))
+    assert mig_record is not None
+    assert [(g.index, g.mig_uuid.startswith("MIG-")) for g in mig_record.grants] == [(MIG_GPU, True)]
     share_env = _printed_env(stack, core, namespace, "share")
     assert share_env.get("LINKPACK_ENFORCEMENT"), share_env
