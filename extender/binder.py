@@ -8,6 +8,11 @@ The order makes over-allocation impossible whatever else runs at the same time:
    annotation so the pod and its record land in one atomic update;
 4. on any failure after the commit, remove the entry again so the capacity is free.
 
+Binds to one node that arrive together are committed as a group (`extender.group_commit`):
+their pods are planned one after the other on one copy of the node's ledger, which is then
+written once with the same precondition, and each pod goes on to its own Binding. A conflict
+re-plans the whole group on the fresh ledger.
+
 Any number of extender replicas may do this at once (active-active): every ledger change is a
 compare-and-swap on the API's copy, never on a replica's cached view. An entry an earlier
 attempt left for the same pod (perhaps by a replica that died before binding) is renewed with
@@ -19,7 +24,7 @@ renewed entry and keeps it): a pod is never bound on capacity the ledger has giv
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from contract.allocation import Allocation, encode_allocation, enforcement_for
@@ -30,6 +35,7 @@ from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, ClusterApi
 from extender.cluster_store import ClusterStore
 from extender.config import ExtenderConfig
 from extender.decisions import driver_misfit
+from extender.group_commit import GroupCommit
 from extender.pod_requests import PodRequest, RequestError, read_pod_request, scheduler_mismatch
 from topology.placement import place
 from topology.scheduling import Misfit, MisfitReason
@@ -45,6 +51,23 @@ class BindResult:
     rolled_back: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class PendingBind:
+    """One pod waiting for its node's next group commit."""
+
+    pod: PodRequest
+    already_bound: bool  # bound to the node already: record it, do not bind again
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """The pod's entry is in the node's ledger (`written`: by this commit; else it was already)."""
+
+    entry: LedgerEntry
+    attempts: int
+    written: bool
+
+
 class Binder:
     def __init__(
         self,
@@ -57,6 +80,12 @@ class Binder:
         self._store = store
         self._config = config
         self._clock = clock
+        self._group: GroupCommit[PendingBind, Committed | BindResult] = GroupCommit(self.commit_batch)
+
+    @property
+    def group(self) -> GroupCommit[PendingBind, Committed | BindResult]:
+        """The per-node group commit (its counters tell how many binds shared a write)."""
+        return self._group
 
     def bind(
         self, namespace: str, name: str, uid: str, node: str, known: PodRequest | None = None
@@ -97,33 +126,65 @@ class Binder:
         return self._gpu_bind(parsed, pod.resource_version, node, pod.tracked.node_name == node)
 
     def _gpu_bind(self, pod: PodRequest, pod_rv: str, node: str, already_bound: bool) -> BindResult:
+        outcome = self._group.submit(node, PendingBind(pod, already_bound))
+        if isinstance(outcome, BindResult):
+            return outcome
+        if already_bound:
+            return BindResult(allocation=outcome.entry.allocation, attempts=outcome.attempts)
+        return self._bind_or_roll_back(pod, pod_rv, node, outcome.entry, outcome.attempts)
+
+    def commit_batch(self, node: str, batch: Sequence[PendingBind]) -> list[Committed | BindResult]:
+        """Commit the ledger entries of `batch` (binds to `node`) in one compare-and-swap write.
+
+        The pods are planned in order on one copy of the ledger, each seeing the ones before it;
+        a pod that no longer fits gets its Misfit and the others go on. A conflict re-plans the
+        whole batch on the fresh ledger. An entry an earlier attempt left for a pod is renewed
+        (or, for a pod already bound, kept as it is)."""
         ledger = self._store.snapshot().ledger(node)
         for attempt in range(1, self._config.bind_retries + 1):
-            existing = ledger.by_uid().get(pod.pod.uid)
-            if existing is not None and already_bound:
-                return BindResult(allocation=existing.allocation, attempts=attempt)
-            if existing is not None:
-                entry = replace(existing, reserved_at=self._clock())
-            else:
-                planned = self._plan(pod, ledger)
-                if isinstance(planned, Misfit):
-                    return BindResult(error=f"node {node}: {planned.message}", attempts=attempt)
-                entry = planned
-                self._store.begin_bind(node, pod.pod.uid, entry.allocation.grants)
+            working = ledger
+            outcomes: list[Committed | BindResult] = []
+            fresh: list[str] = []  # uids whose new entries this attempt announced to the store
+            for pending in batch:
+                uid = pending.pod.pod.uid
+                existing = working.by_uid().get(uid)
+                if existing is not None and pending.already_bound:
+                    outcomes.append(Committed(existing, attempt, written=False))
+                    continue
+                if existing is not None:
+                    entry = replace(existing, reserved_at=self._clock())
+                else:
+                    planned = self._plan(pending.pod, working)
+                    if isinstance(planned, Misfit):
+                        outcomes.append(BindResult(error=f"node {node}: {planned.message}", attempts=attempt))
+                        continue
+                    entry = planned
+                    self._store.begin_bind(node, uid, entry.allocation.grants)
+                    fresh.append(uid)
+                working = working.with_entry(entry)
+                outcomes.append(Committed(entry, attempt, written=True))
+            if not any(isinstance(o, Committed) and o.written for o in outcomes):
+                return outcomes
             try:
-                ledger = self._api.write_ledger(ledger.with_entry(entry))
+                ledger = self._api.write_ledger(working)
             except ApiConflict:
-                self._store.end_bind(node, pod.pod.uid)
+                self._end_binds(node, fresh)
                 ledger = self._fresh_ledger(node, ledger)
                 continue
             except ApiError as exc:
-                self._store.end_bind(node, pod.pod.uid)
-                return BindResult(error=f"committing allocation on {node}: {exc}", attempts=attempt)
+                self._end_binds(node, fresh)
+                failed = BindResult(error=f"committing allocation on {node}: {exc}", attempts=attempt)
+                return [failed if isinstance(o, Committed) and o.written else o for o in outcomes]
             self._store.apply_ledger(ledger)
-            if already_bound:
-                return BindResult(allocation=entry.allocation, attempts=attempt)
-            return self._bind_or_roll_back(pod, pod_rv, node, entry, attempt)
-        return BindResult(error=f"node {node}: gave up after {self._config.bind_retries} conflicting commits")
+            return outcomes
+        gave_up = BindResult(
+            error=f"node {node}: gave up after {self._config.bind_retries} conflicting commits"
+        )
+        return [gave_up for _ in batch]
+
+    def _end_binds(self, node: str, uids: Sequence[str]) -> None:
+        for uid in uids:
+            self._store.end_bind(node, uid)
 
     def _plan(self, pod: PodRequest, ledger: Ledger) -> LedgerEntry | Misfit:
         """Place on the node as its ledger stands (not counting other binds in flight: the

@@ -69,7 +69,6 @@ class ExtenderService:
         )
         self._log: OrderedDict[str, PodDecisions] = OrderedDict()
         self._log_lock = threading.Lock()
-        self._node_locks: dict[str, threading.Lock] = {}
         self._answers: list[tuple[Ranking, tuple[str, ...], list[dict[str, Any]]]] = []
 
     # ------------------------------------------------------------------ verbs
@@ -131,11 +130,10 @@ class ExtenderService:
                 return binding_result(str(exc))
             log = self._entry(f"{args.pod_namespace}/{args.pod_name}")
             known = log.request if isinstance(log.request, PodRequest) else None
-            # Binds to one node take turns: the second then plans on the ledger the first committed
-            # instead of losing the compare-and-swap and paying a re-read and a second write.
-            # (Binds from another process still meet the compare-and-swap.)
-            with self._node_lock(args.node):
-                result = self.binder.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, known)
+            # Binds to one node that arrive together share one ledger write (the binder's group
+            # commit) instead of losing the compare-and-swap to each other; binds from another
+            # process still meet the compare-and-swap.
+            result = self.binder.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, known)
             if result.error:
                 log.bind_error = result.error
                 self.metrics.bind_failures.labels(_first_words(result.error)).inc()
@@ -179,15 +177,6 @@ class ExtenderService:
     def decisions_for(self, namespace: str, name: str) -> PodDecisions | None:
         with self._log_lock:
             return self._log.get(f"{namespace}/{name}")
-
-    def _node_lock(self, node: str) -> threading.Lock:
-        with self._log_lock:
-            lock = self._node_locks.get(node)
-            if lock is None:
-                if len(self._node_locks) >= 4 * _LOG_LIMIT:
-                    self._node_locks = {n: held for n, held in self._node_locks.items() if held.locked()}
-                lock = self._node_locks[node] = threading.Lock()
-            return lock
 
     def _entry(self, key: str) -> PodDecisions:
         with self._log_lock:
