@@ -26,7 +26,8 @@ from contract.keys import (
     TOPOLOGY_HASH_ANNOTATION,
     TOPOLOGY_KIND,
 )
-from topology.codec import CodecError, content_hash, decode_topology, encode_topology
+from topology.codec import CodecError, content_hash, encode_topology
+from topology.codec_memo import decode_with_hash
 from topology.model import NodeTopology
 
 
@@ -200,14 +201,14 @@ def decode_gpu_topology(obj: Mapping[str, Any]) -> PublishedTopology:
     if not node:
         raise GpuTopologyError("GpuTopology: metadata.name is empty")
     try:
-        topology = decode_topology(obj.get("spec") or {})
+        topology, digest = decode_with_hash(obj.get("spec") or {})
     except CodecError as exc:
         raise GpuTopologyError(f"GpuTopology {node}: spec: {exc}") from exc
     status = decode_status(obj.get("status"), node)
     return PublishedTopology(
         node=node,
         topology=topology,
-        content_hash=content_hash(topology),
+        content_hash=digest,
         status=status,
         resource_version=str(meta.get("resourceVersion") or ""),
     )
