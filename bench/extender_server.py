@@ -40,23 +40,31 @@ def _load(path: str) -> Any:
 
 def _serve(service: Any, port: int) -> None:
     try:
-        from extender.app import verb_routes
-        from extender.verbs_server import VerbsServer
-    except ImportError:  # an earlier revision: FastAPI + uvicorn
-        import uvicorn
+        from extender.verbs import verb_routes
+    except ImportError:
+        try:  # an earlier revision: the routes next to the FastAPI apps
+            from extender.app import verb_routes
+        except ImportError:  # earlier still: the verbs on FastAPI + uvicorn
+            _serve_fastapi(service, port)
+            return
+    from extender.verbs_server import VerbsServer
 
-        from extender.app import create_app
-
-        server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(service), host="127.0.0.1", port=port, log_level="warning", access_log=False
-            )
-        )
-        threading.Thread(target=server.run, daemon=True).start()
-        while not server.started:
-            time.sleep(0.01)
-        return
     VerbsServer(verb_routes(service), "127.0.0.1", port, None).start()
+
+
+def _serve_fastapi(service: Any, port: int) -> None:
+    import uvicorn
+
+    from extender.app import create_app
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(service), host="127.0.0.1", port=port, log_level="warning", access_log=False
+        )
+    )
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.01)
 
 
 def main() -> None:
@@ -64,8 +72,11 @@ def main() -> None:
     parser.add_argument("--fleet", required=True)
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    from extender.__main__ import handlers_for
-    from extender.service import ExtenderService
+    try:
+        from extender.service import ExtenderService, handlers_for
+    except ImportError:  # an earlier revision: next to the real process's HTTP servers
+        from extender.__main__ import handlers_for
+        from extender.service import ExtenderService
 
     config, cluster = _load(args.fleet)
     service = ExtenderService(config, cluster)
