@@ -12,6 +12,7 @@ it serves: the benchmark runs the code of an earlier revision side by side with 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import threading
 import time
@@ -24,17 +25,24 @@ def _load(path: str) -> Any:
     from extender.in_memory_cluster import InMemoryCluster
     from extender.translate import node_facts, read_gpu_topology
 
-    with open(path, encoding="utf-8") as f:
-        fleet = json.load(f)
-    config = ExtenderConfig()
-    cluster = InMemoryCluster(config)
-    for node, topology in zip(fleet["nodes"], fleet["topologies"], strict=True):
-        _, published, problem = read_gpu_topology(topology)
-        if problem:
-            raise SystemExit(problem)
-        cluster.add_node(node_facts(node, config.resources), published)
-    for config_map in fleet["ledgers"]:
-        cluster.write_ledger(ledger_from_config_map(config_map))
+    try:  # as the watches' relist does (an earlier revision: the collector stays on)
+        from extender.gc_pause import collector_paused
+    except ImportError:
+        collector_paused = contextlib.nullcontext
+
+    with collector_paused():
+        with open(path, encoding="utf-8") as f:
+            fleet = json.load(f)
+        config = ExtenderConfig()
+        cluster = InMemoryCluster(config)
+        for node, topology in zip(fleet["nodes"], fleet["topologies"], strict=True):
+            _, published, problem = read_gpu_topology(topology)
+            if problem:
+                raise SystemExit(problem)
+            cluster.add_node(node_facts(node, config.resources), published)
+        for config_map in fleet["ledgers"]:
+            cluster.write_ledger(ledger_from_config_map(config_map))
+        del fleet
     return config, cluster
 
 
