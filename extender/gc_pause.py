@@ -7,6 +7,13 @@ parsed list, each taking a large share of a second and freeing nothing. `collect
 turns the collector off for such a stretch and back on when the last stretch running in any
 thread ends (the watches of several kinds relist at once); a collector someone else turned off
 stays off. Cycles made meanwhile are collected once it is back on.
+
+The first pause of the process (the start-up lists) ends with `gc.freeze()`: what it decoded
+is the extender's long-lived state, and frozen, the collections that follow do not walk it
+again (at 10,000 nodes that saves about a second of collections after start-up, and keeps
+them off the request path later). Frozen objects are still freed when no longer referenced;
+only a reference cycle made during that first pause would never be collected. Later pauses
+(every resync) do not freeze.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ class _Pauses:
         self.lock = threading.Lock()
         self.running = 0
         self.was_enabled = False
+        self.froze = False
 
 
 _pauses = _Pauses()
@@ -42,5 +50,9 @@ def collector_paused() -> Iterator[None]:
     finally:
         with _pauses.lock:
             _pauses.running -= 1
-            if _pauses.running == 0 and _pauses.was_enabled:
-                gc.enable()
+            if _pauses.running == 0:
+                if not _pauses.froze:
+                    _pauses.froze = True
+                    gc.freeze()  # the start-up state: not walked by every later collection
+                if _pauses.was_enabled:
+                    gc.enable()
