@@ -8,7 +8,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from extender import gc_pause
 from extender.gc_pause import collector_paused
 
 pytestmark = pytest.mark.timeout(30)
@@ -73,18 +72,3 @@ def test_overlapping_pauses_in_two_threads_end_with_the_last() -> None:
     release.set()
     other.join(10)
     assert gc.isenabled()
-
-
-def test_the_first_pause_freezes_what_exists_and_later_ones_do_not(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The start-up pause ends with the objects then alive frozen; a later pause freezes nothing."""
-    monkeypatch.setattr(gc_pause._pauses, "froze", False)
-    try:
-        with collector_paused():
-            kept = [{"state": i} for i in range(100)]
-        frozen = gc.get_freeze_count()
-        assert frozen >= len(kept)
-        with collector_paused():
-            more = [{"later": i} for i in range(100)]
-        assert gc.get_freeze_count() == frozen and len(more) == 100
-    finally:
-        gc.unfreeze()
