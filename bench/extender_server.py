@@ -12,6 +12,7 @@ it serves: the benchmark runs the code of an earlier revision side by side with 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import threading
 import time
@@ -24,39 +25,54 @@ def _load(path: str) -> Any:
     from extender.in_memory_cluster import InMemoryCluster
     from extender.translate import node_facts, read_gpu_topology
 
-    with open(path, encoding="utf-8") as f:
-        fleet = json.load(f)
-    config = ExtenderConfig()
-    cluster = InMemoryCluster(config)
-    for node, topology in zip(fleet["nodes"], fleet["topologies"], strict=True):
-        _, published, problem = read_gpu_topology(topology)
-        if problem:
-            raise SystemExit(problem)
-        cluster.add_node(node_facts(node, config.resources), published)
-    for config_map in fleet["ledgers"]:
-        cluster.write_ledger(ledger_from_config_map(config_map))
+    try:  # as the watches' relist does (an earlier revision: the collector stays on)
+        from extender.gc_pause import collector_paused
+    except ImportError:
+        collector_paused = contextlib.nullcontext
+
+    with collector_paused():
+        with open(path, encoding="utf-8") as f:
+            fleet = json.load(f)
+        config = ExtenderConfig()
+        cluster = InMemoryCluster(config)
+        for node, topology in zip(fleet["nodes"], fleet["topologies"], strict=True):
+            _, published, problem = read_gpu_topology(topology)
+            if problem:
+                raise SystemExit(problem)
+            cluster.add_node(node_facts(node, config.resources), published)
+        for config_map in fleet["ledgers"]:
+            cluster.write_ledger(ledger_from_config_map(config_map))
+        del fleet
     return config, cluster
 
 
 def _serve(service: Any, port: int) -> None:
     try:
-        from extender.app import verb_routes
-        from extender.verbs_server import VerbsServer
-    except ImportError:  # an earlier revision: FastAPI + uvicorn
-        import uvicorn
+        from extender.verbs import verb_routes
+    except ImportError:
+        try:  # an earlier revision: the routes next to the FastAPI apps
+            from extender.app import verb_routes
+        except ImportError:  # earlier still: the verbs on FastAPI + uvicorn
+            _serve_fastapi(service, port)
+            return
+    from extender.verbs_server import VerbsServer
 
-        from extender.app import create_app
-
-        server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(service), host="127.0.0.1", port=port, log_level="warning", access_log=False
-            )
-        )
-        threading.Thread(target=server.run, daemon=True).start()
-        while not server.started:
-            time.sleep(0.01)
-        return
     VerbsServer(verb_routes(service), "127.0.0.1", port, None).start()
+
+
+def _serve_fastapi(service: Any, port: int) -> None:
+    import uvicorn
+
+    from extender.app import create_app
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(service), host="127.0.0.1", port=port, log_level="warning", access_log=False
+        )
+    )
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.01)
 
 
 def main() -> None:
@@ -64,8 +80,11 @@ def main() -> None:
     parser.add_argument("--fleet", required=True)
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    from extender.__main__ import handlers_for
-    from extender.service import ExtenderService
+    try:
+        from extender.service import ExtenderService, handlers_for
+    except ImportError:  # an earlier revision: next to the real process's HTTP servers
+        from extender.__main__ import handlers_for
+        from extender.service import ExtenderService
 
     config, cluster = _load(args.fleet)
     service = ExtenderService(config, cluster)

@@ -41,6 +41,9 @@ class ComputePriority(StrEnum):
     LOW = "low"
 
 
+_PRIORITY_NAMES = frozenset(p.value for p in ComputePriority)
+
+
 def enforcement_for(
     grants: Sequence[GpuGrant],
     mps_enabled: bool,
@@ -134,7 +137,7 @@ def decode_allocation(text: str) -> Allocation:
     except ValueError as exc:
         raise AllocationError(f"allocation: field 'enforcement': unknown level {named[:40]!r}") from exc
     priority_name = doc.get("computePriority", ComputePriority.NORMAL.value)  # absent in older records
-    if not isinstance(priority_name, str) or priority_name not in set(ComputePriority):
+    if not isinstance(priority_name, str) or priority_name not in _PRIORITY_NAMES:
         raise AllocationError(
             f"allocation: field 'computePriority': expected high, normal or low, got {str(priority_name)[:40]!r}"
         )

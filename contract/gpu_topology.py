@@ -26,7 +26,8 @@ from contract.keys import (
     TOPOLOGY_HASH_ANNOTATION,
     TOPOLOGY_KIND,
 )
-from topology.codec import CodecError, content_hash, decode_topology, encode_topology
+from topology.codec import CodecError, content_hash, encode_topology
+from topology.codec_memo import decode_with_hash
 from topology.model import NodeTopology
 
 
@@ -130,8 +131,7 @@ def decode_status(raw: object, node: str = "?") -> TopologyStatus:
         return TopologyStatus()
     doc = _object(raw, where)
     health = tuple(
-        _health(entry, f"{where}.gpuHealth[{i}]")
-        for i, entry in enumerate(_list(doc.get("gpuHealth"), f"{where}.gpuHealth"))
+        _health(entry, where, i) for i, entry in enumerate(_list(doc.get("gpuHealth"), f"{where}.gpuHealth"))
     )
     mps = _object(doc.get("mps") or {}, f"{where}.mps")
     interposer = _object(doc.get("interposer") or {}, f"{where}.interposer")
@@ -200,14 +200,14 @@ def decode_gpu_topology(obj: Mapping[str, Any]) -> PublishedTopology:
     if not node:
         raise GpuTopologyError("GpuTopology: metadata.name is empty")
     try:
-        topology = decode_topology(obj.get("spec") or {})
+        topology, digest = decode_with_hash(obj.get("spec") or {})
     except CodecError as exc:
         raise GpuTopologyError(f"GpuTopology {node}: spec: {exc}") from exc
     status = decode_status(obj.get("status"), node)
     return PublishedTopology(
         node=node,
         topology=topology,
-        content_hash=content_hash(topology),
+        content_hash=digest,
         status=status,
         resource_version=str(meta.get("resourceVersion") or ""),
     )
@@ -216,7 +216,28 @@ def decode_gpu_topology(obj: Mapping[str, Any]) -> PublishedTopology:
 # ----------------------------------------------------------------------------- field readers
 
 
-def _health(raw: object, where: str) -> GpuHealthEntry:
+def _health(raw: object, status: str, position: int) -> GpuHealthEntry:
+    """One gpuHealth entry; the usual one (a dict of exactly the expected types) without a check
+    per field, any other through the checks that name what is wrong."""
+    if type(raw) is dict:
+        index, healthy, cordoned = raw.get("index"), raw.get("healthy"), raw.get("cordoned", False)
+        uuid, reason = raw.get("uuid", ""), raw.get("reason", "")
+        since, severity = raw.get("since", ""), raw.get("severity", "")
+        if (
+            type(index) is int
+            and index >= 0
+            and type(healthy) is bool
+            and type(cordoned) is bool
+            and type(uuid) is str
+            and type(reason) is str
+            and type(since) is str
+            and type(severity) is str
+        ):
+            return GpuHealthEntry(index, uuid, healthy, reason, since, severity, cordoned)
+    return _checked_health(raw, f"{status}.gpuHealth[{position}]")
+
+
+def _checked_health(raw: object, where: str) -> GpuHealthEntry:
     doc = _object(raw, where)
     if "index" not in doc or "healthy" not in doc:
         raise GpuTopologyError(f"{where}: 'index' and 'healthy' are required")

@@ -23,11 +23,10 @@ from demo.cluster import DemoNode, build_cluster
 from demo.real_cluster import DEMO_SCHEDULER, RealClusterPods
 from demo.report import Outcome, render_report
 from demo.workload import pod_stream
-from extender.__main__ import handlers_for
 from extender.app import create_app
 from extender.config import ExtenderConfig
 from extender.kube import KubeClusterApi, load_client
-from extender.service import ExtenderService
+from extender.service import ExtenderService, handlers_for
 
 
 class PodTarget(Protocol):

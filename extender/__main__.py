@@ -13,36 +13,19 @@ import ssl
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import uvicorn
-
-from extender.app import create_debug_app, create_ops_app, verb_routes
-from extender.cluster_api import AccessReviewer, ApiError, WatchHandlers
+from extender.cluster_api import AccessReviewer, ApiError
 from extender.config import TLS_VARIABLES, ConfigError, ExtenderConfig, TlsFiles, config_from_env
 from extender.debug_access import DebugAccess
 from extender.kube import KubeClusterApi, load_client
 from extender.reconciler import run_reconciler
-from extender.service import ExtenderService
+from extender.service import ExtenderService, handlers_for
+from extender.verbs import verb_routes
 from extender.verbs_server import VerbsServer, server_tls
 
-
-def handlers_for(service: ExtenderService) -> WatchHandlers:
-    s = service.store
-    return WatchHandlers(
-        node=s.apply_node,
-        node_deleted=s.remove_node,
-        topology=s.apply_topology,
-        ledger=s.apply_ledger,
-        ledger_deleted=s.remove_ledger,
-        pod=s.apply_pod,
-        pod_deleted=s.remove_pod,
-        synced=s.mark_synced,
-        policy=s.apply_policy,
-        policy_deleted=s.remove_policy,
-        namespace=s.apply_namespace,
-        namespace_deleted=s.remove_namespace,
-        pods_revision=s.apply_pods_revision,
-    )
+if TYPE_CHECKING:
+    import uvicorn
 
 
 def check_tls(tls: TlsFiles | None) -> TlsFiles:
@@ -70,7 +53,14 @@ def check_tls(tls: TlsFiles | None) -> TlsFiles:
 def servers(
     service: ExtenderService, reviewer: AccessReviewer, config: ExtenderConfig, tls: TlsFiles, log_level: str
 ) -> list[VerbsServer | uvicorn.Server]:
-    """The verbs (mutual TLS, `extender.verbs_server`), debug (TLS) and ops (plain) servers."""
+    """The verbs (mutual TLS, `extender.verbs_server`), debug (TLS) and ops (plain) servers.
+
+    FastAPI and uvicorn (the debug and ops apps) are imported here, after the watches started:
+    their import overlaps the first lists instead of coming before them."""
+    import uvicorn
+
+    from extender.app import create_debug_app, create_ops_app
+
     verbs = VerbsServer(
         verb_routes(service),
         config.host,

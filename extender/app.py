@@ -1,9 +1,9 @@
 """The HTTP faces of the extender: routes that are each a line over `ExtenderService`.
 
 `python -m extender` serves three faces on three ports, each guarded for its own callers:
-- `verb_routes`: filter, prioritize, bind, served by `extender.verbs_server` over mutual TLS
-  (only a client certificate signed by the scheduler's CA gets a connection: the TLS layer
-  refuses everyone else);
+- `extender.verbs.verb_routes`: filter, prioritize, bind, served by `extender.verbs_server` over
+  mutual TLS (only a client certificate signed by the scheduler's CA gets a connection: the TLS
+  layer refuses everyone else);
 - `create_debug_app`: /debug/*, over TLS, each request carrying a Kubernetes identity with an
   explicit RBAC permission (`extender.debug_access`);
 - `create_ops_app`: /healthz, /readyz, /metrics in plain HTTP, for the kubelet's probes and
@@ -17,7 +17,6 @@ connection threads (or, in the FastAPI apps, on the thread pool): never on an ev
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -29,51 +28,16 @@ from extender.debug_access import DebugAccess, Denied
 from extender.debug_routes import register_debug_routes
 from extender.metrics import CONTENT_TYPE
 from extender.service import ExtenderService
+from extender.verbs import decode_body
 
 T = TypeVar("T")
 
 
-def _decode(raw: bytes) -> object:
-    """The JSON body, or None when it is not JSON (the verbs then answer with a clear Error)."""
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return None
-
-
 def _verb(fn: Callable[[object], T]) -> Callable[[bytes], T]:
     def run(raw: bytes) -> T:
-        return fn(_decode(raw))
+        return fn(decode_body(raw))
 
     return run
-
-
-def _encode(answer: object) -> bytes:
-    return json.dumps(answer, separators=(",", ":")).encode()
-
-
-def verb_routes(service: ExtenderService) -> dict[str, Callable[[bytes], bytes]]:
-    """The verbs for `extender.verbs_server.VerbsServer`: raw body in, JSON bytes out."""
-
-    def route(fn: Callable[[object], object]) -> Callable[[bytes], bytes]:
-        last: list[tuple[object, bytes]] = []  # the last answer object and its encoding
-
-        def run(raw: bytes) -> bytes:
-            answer = fn(_decode(raw))
-            seen = last[-1] if last else None
-            if seen is not None and seen[0] is answer:  # the service handed out the same answer
-                return seen[1]
-            data = _encode(answer)
-            last[:] = [(answer, data)]
-            return data
-
-        return run
-
-    return {
-        "/filter": route(service.filter),
-        "/prioritize": route(service.prioritize),
-        "/bind": route(service.bind),
-    }
 
 
 def _new_app(title: str) -> FastAPI:

@@ -19,6 +19,7 @@ from urllib3.exceptions import HTTPError
 
 from extender.cluster_api import ApiError
 from extender.config import ExtenderConfig
+from extender.gc_pause import collector_paused
 
 log = logging.getLogger("linkpack.extender.kube")
 
@@ -85,14 +86,16 @@ class ListWatch:
 
     def _relist(self) -> str:
         raw = self._list(_preload_content=False)
-        doc = json.loads(raw.data)
-        rv = str((doc.get("metadata") or {}).get("resourceVersion") or "")
-        if self._sink.revision is not None and rv:
-            self._sink.revision(rv)
-        seen: set[str] = set()
-        for item in doc.get("items") or []:
-            self._sink.apply("ADDED", item)
-            seen.add(self._sink.key(item))
+        with collector_paused():  # parsing and decoding the whole list frees nothing cyclic
+            doc = json.loads(raw.data)
+            rv = str((doc.get("metadata") or {}).get("resourceVersion") or "")
+            if self._sink.revision is not None and rv:
+                self._sink.revision(rv)
+            seen: set[str] = set()
+            for item in doc.get("items") or []:
+                self._sink.apply("ADDED", item)
+                seen.add(self._sink.key(item))
+            del doc
         for gone in sorted(self._known - seen):
             self._sink.vanished(gone)
         self._known = seen

@@ -16,7 +16,7 @@ from typing import Any
 
 from contract.pods import pod_ref
 from extender.binder import Binder
-from extender.cluster_api import ClusterApi
+from extender.cluster_api import ClusterApi, WatchHandlers
 from extender.cluster_store import ClusterStore
 from extender.config import ExtenderConfig
 from extender.decisions import Decider, FilterOutcome
@@ -192,3 +192,23 @@ def _first_words(message: str) -> str:
     """A low-cardinality label from an error message (drop names after the first colon)."""
     head = message.split(":", 1)[-1].strip() if ":" in message else message
     return head[:60]
+
+
+def handlers_for(service: ExtenderService) -> WatchHandlers:
+    """The watch callbacks that feed `service`'s store."""
+    s = service.store
+    return WatchHandlers(
+        node=s.apply_node,
+        node_deleted=s.remove_node,
+        topology=s.apply_topology,
+        ledger=s.apply_ledger,
+        ledger_deleted=s.remove_ledger,
+        pod=s.apply_pod,
+        pod_deleted=s.remove_pod,
+        synced=s.mark_synced,
+        policy=s.apply_policy,
+        policy_deleted=s.remove_policy,
+        namespace=s.apply_namespace,
+        namespace_deleted=s.remove_namespace,
+        pods_revision=s.apply_pods_revision,
+    )

@@ -7,7 +7,7 @@ functions; the same check proves, in tests, that what the API holds never exceed
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from topology.model import NodeTopology
 from topology.scheduling import GpuGrant, GpuUsage, NodeState, PowerLimit
@@ -21,10 +21,19 @@ class Overcommit:
     detail: str
 
 
+#: The usage of a GPU nothing is granted on, by (healthy, cordoned): one shared value each.
+_IDLE = {(h, c): GpuUsage(healthy=h, cordoned=c) for h in (True, False) for c in (True, False)}
+
+
 def accumulate(
-    topology: NodeTopology, grants: Iterable[GpuGrant], units_per_gpu: int
+    topology: NodeTopology,
+    grants: Iterable[GpuGrant],
+    units_per_gpu: int,
+    unhealthy: frozenset[int] = frozenset(),
+    cordoned: frozenset[int] = frozenset(),
 ) -> tuple[tuple[GpuUsage, ...], tuple[Overcommit, ...]]:
-    """Per-GPU usage from `grants`, plus every way in which it exceeds a GPU's capacity."""
+    """Per-GPU usage from `grants` (marked unhealthy and cordoned as given), plus every way in
+    which it exceeds a GPU's capacity."""
     whole = [0] * topology.gpu_count
     memory = [0] * topology.gpu_count
     units = [0] * topology.gpu_count
@@ -57,12 +66,18 @@ def accumulate(
             problems.append(Overcommit(i, f"GPU {i}: {memory[i]} MiB granted of {gpu.memory_mib} MiB"))
         if units[i] > units_per_gpu:
             problems.append(Overcommit(i, f"GPU {i}: {units[i]} share units granted of {units_per_gpu}"))
+        healthy, held_back = i not in unhealthy, i in cordoned
+        if whole[i] == memory[i] == units[i] == sharers[i] == power[i] == 0 and not migs[i]:
+            usage.append(_IDLE[healthy, held_back])  # equal to the GpuUsage below, shared
+            continue
         usage.append(
             GpuUsage(
                 whole=whole[i] > 0,
                 memory_used_mib=memory[i],
                 units_used=units[i],
                 mig_used=frozenset(migs[i]),
+                healthy=healthy,
+                cordoned=held_back,
                 sharers=sharers[i],
                 power_used_w=power[i],
             )
@@ -80,10 +95,7 @@ def node_state_from_grants(
     power: tuple[PowerLimit | None, ...] = (),
 ) -> tuple[NodeState, tuple[Overcommit, ...]]:
     """A node's state from its topology, its recorded grants and its health and cordons."""
-    usage, problems = accumulate(topology, grants, units_per_gpu)
-    marked = tuple(
-        replace(u, healthy=i not in unhealthy, cordoned=i in cordoned) for i, u in enumerate(usage)
-    )
+    marked, problems = accumulate(topology, grants, units_per_gpu, unhealthy, cordoned)
     if power and len(power) != topology.gpu_count:
         power = ()  # a published list that does not match the GPUs is as good as none
     return NodeState(name, topology, marked, units_per_gpu, power), problems

@@ -43,7 +43,7 @@ class CodecError(ValueError):
 
 def encode_topology(topology: NodeTopology) -> dict[str, Any]:
     """The JSON-ready dict for `topology`, including its content hash and warnings."""
-    facts = _facts(topology)
+    facts = canonical_facts(topology)
     digest = _hash_of(facts)
     models = {gpu.index: gpu.model for gpu in topology.gpus}
     for link, encoded in zip(topology.gpu_links, facts["links"], strict=True):
@@ -58,15 +58,20 @@ def encode_topology(topology: NodeTopology) -> dict[str, Any]:
 
 def content_hash(topology: NodeTopology) -> str:
     """sha256 (hex) of the canonical JSON of the topology's facts; stable across runs."""
-    return _hash_of(_facts(topology))
+    return _hash_of(canonical_facts(topology))
 
 
 def _hash_of(facts: dict[str, Any]) -> str:
-    canonical = json.dumps(facts, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+    return hashlib.sha256(canonical_text(facts).encode("ascii")).hexdigest()
 
 
-def _facts(topology: NodeTopology) -> dict[str, Any]:
+def canonical_text(facts: dict[str, Any]) -> str:
+    """The JSON text `content_hash` hashes: sorted keys, no spaces, ASCII only."""
+    return json.dumps(facts, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def canonical_facts(topology: NodeTopology) -> dict[str, Any]:
+    """What `content_hash` covers, as a JSON-ready dict (a fresh one on every call)."""
     return {
         "schemaVersion": SCHEMA_VERSION,
         "gpus": [_encode_gpu(gpu) for gpu in topology.gpus],
@@ -118,6 +123,11 @@ def _pair_bandwidth(link: GpuLink, models: Mapping[int, str]) -> float:
 
 def decode_topology(data: object) -> NodeTopology:
     """The topology in an encoded dict; raises `CodecError` naming the first bad field."""
+    return decode_with_hash(data)[0]
+
+
+def decode_with_hash(data: object) -> tuple[NodeTopology, str]:
+    """`decode_topology` and the decoded topology's `content_hash`, computed once."""
     root = _mapping(data, "topology")
     version = root.get("schemaVersion")
     if version != SCHEMA_VERSION:
@@ -138,7 +148,7 @@ def decode_topology(data: object) -> NodeTopology:
         _check_known(nic_link.gpu, gpu_indices, f"nicLinks[{i}].gpu")
         _check_known(nic_link.nic, nic_indices, f"nicLinks[{i}].nic")
     sources = tuple(_items(root, "sources", "sources", _decode_source))
-    warnings = tuple(_string_list(root.get("warnings", []), "warnings"))
+    warnings = tuple(string_list(root.get("warnings", []), "warnings"))
     topology = NodeTopology(
         gpus=gpus,
         gpu_links=links,
@@ -148,10 +158,11 @@ def decode_topology(data: object) -> NodeTopology:
         sources=sources,
         warnings=warnings,
     )
+    digest = content_hash(topology)
     stated = root.get("contentHash")
-    if stated is not None and stated != content_hash(topology):
-        raise CodecError(f"contentHash: {stated!r} does not match the content ({content_hash(topology)})")
-    return topology
+    if stated is not None and stated != digest:
+        raise CodecError(f"contentHash: {stated!r} does not match the content ({digest})")
+    return topology, digest
 
 
 def _decode_gpu(item: Mapping[str, Any], where: str) -> Gpu:
@@ -257,7 +268,7 @@ def _enum(item: Mapping[str, Any], key: str, enum: type[_E], where: str) -> _E:
         raise CodecError(f"{where}.{key}: {value!r} is not one of {allowed}") from None
 
 
-def _string_list(value: object, where: str) -> list[str]:
+def string_list(value: object, where: str) -> list[str]:
     if not isinstance(value, list):
         raise CodecError(f"{where}: expected a list of strings")
     for position, item in enumerate(value):

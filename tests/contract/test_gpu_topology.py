@@ -6,11 +6,14 @@ import re
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from contract.gpu_topology import (
     GpuHealthEntry,
     GpuTopologyError,
     TopologyStatus,
+    _checked_health,
     as_published,
     decode_gpu_topology,
     decode_status,
@@ -115,3 +118,42 @@ def test_an_allocation_written_with_the_earlier_mps_name_reads_as_hard_mps() -> 
     allocation = decode_allocation(text)
     assert allocation.enforcement is Enforcement.HARD_MPS
     assert '"enforcement":"hard-mps"' in encode_allocation(allocation)
+
+
+_entry_values = st.none() | st.booleans() | st.integers(-3, 2**40) | st.floats() | st.text(max_size=6)
+_entries = st.dictionaries(
+    st.sampled_from(["index", "uuid", "healthy", "reason", "since", "severity", "cordoned", "other"]),
+    _entry_values,
+) | st.builds(
+    lambda index, healthy, cordoned, text: {
+        "index": index, "uuid": text, "healthy": healthy, "reason": text, "since": "", "severity": text,
+        "cordoned": cordoned,
+    },
+    st.integers(0, 64), st.booleans(), st.booleans(), st.text(max_size=6),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(st.lists(_entries | _entry_values, max_size=3))
+def test_gpu_health_entries_decode_as_the_field_by_field_checks_do(entries: list[Any]) -> None:
+    """Random gpuHealth entries (well-formed ones, and ones with missing fields or values of any
+    JSON type): the quick path for the usual entry gives exactly what the checked path gives, the
+    same entry or the same error naming the entry's field."""
+
+    def outcome(decode: Any) -> Any:
+        try:
+            return decode()
+        except GpuTopologyError as exc:
+            return f"GpuTopologyError: {exc}"
+
+    status = {"gpuHealth": entries}
+    checked = [
+        outcome(lambda e=e, i=i: _checked_health(e, f"GpuTopology n: status.gpuHealth[{i}]"))
+        for i, e in enumerate(entries)
+    ]
+    first_error = next((c for c in checked if isinstance(c, str)), None)
+    decoded = outcome(lambda: decode_status(status, "n"))
+    if first_error is None:
+        assert decoded.gpu_health == tuple(checked)
+    else:
+        assert decoded == first_error

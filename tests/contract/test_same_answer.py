@@ -19,11 +19,10 @@ from contract.gpu_topology import as_published
 from contract.keys import ALLOCATION_ANNOTATION
 from contract.pod_demand import effective_amount
 from contract.resources import ResourceNames
-from extender.__main__ import handlers_for
 from extender.config import ExtenderConfig
 from extender.in_memory_cluster import InMemoryCluster
 from extender.pod_requests import PodRequest, read_pod_request
-from extender.service import ExtenderService
+from extender.service import ExtenderService, handlers_for
 from extender.snapshot import NodeFacts
 from node_agent.deviceplugin.inventory import Inventory
 from node_agent.deviceplugin.records import split_record

@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 
 from contract.gpu_topology import as_published
-from extender.__main__ import handlers_for
 from extender.config import ExtenderConfig
 from extender.in_memory_cluster import InMemoryCluster
-from extender.service import ExtenderService
+from extender.service import ExtenderService, handlers_for
 from extender.snapshot import NodeFacts
 from topology.model import Gpu, GpuLink, LinkKind, NodeTopology
 

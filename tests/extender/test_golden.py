@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from contract.gpu_topology import as_published
-from extender.__main__ import handlers_for
 from extender.config import ExtenderConfig
 from extender.in_memory_cluster import InMemoryCluster
-from extender.service import ExtenderService
+from extender.service import ExtenderService, handlers_for
 from extender.snapshot import NodeFacts
 
 from .conftest import hgx_h100, two_socket_pcie

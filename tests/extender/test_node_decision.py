@@ -9,12 +9,11 @@ import pytest
 
 from contract.compute_demand import ComputeDemand
 from contract.gpu_topology import as_published
-from extender.__main__ import handlers_for
 from extender.cluster_store import ClusterStore
 from extender.config import ExtenderConfig
 from extender.in_memory_cluster import InMemoryCluster
 from extender.pod_requests import PodRequest, read_pod_request
-from extender.service import ExtenderService
+from extender.service import ExtenderService, handlers_for
 from extender.snapshot import NodeFacts, TrackedPod
 from extender.translate import node_facts, tracked_pod
 from topology.fragmentation import PodShape

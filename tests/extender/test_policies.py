@@ -11,10 +11,9 @@ import pytest
 from contract.allocation import decode_allocation
 from contract.gpu_topology import as_published
 from contract.keys import ALLOCATION_ANNOTATION
-from extender.__main__ import handlers_for
 from extender.config import ExtenderConfig
 from extender.in_memory_cluster import InMemoryCluster
-from extender.service import ExtenderService
+from extender.service import ExtenderService, handlers_for
 from extender.snapshot import NodeFacts
 
 from .conftest import filter_args, gpu_pod, hgx_h100, two_socket_pcie

@@ -6,12 +6,11 @@ import threading
 
 from contract.allocation import decode_allocation
 from contract.keys import ALLOCATION_ANNOTATION
-from extender.__main__ import handlers_for
 from extender.cluster_api import ApiError
 from extender.config import ExtenderConfig
 from extender.in_memory_cluster import InMemoryCluster
 from extender.reconciler import reconcile_once
-from extender.service import ExtenderService
+from extender.service import ExtenderService, handlers_for
 from topology.accounting import accumulate
 
 from .conftest import filter_args, gpu_pod, hgx_h100

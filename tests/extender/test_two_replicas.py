@@ -12,11 +12,10 @@ from typing import Any
 
 from contract.allocation import Allocation
 from contract.ledger import LedgerEntry
-from extender.__main__ import handlers_for
 from extender.config import ExtenderConfig
 from extender.in_memory_cluster import InMemoryCluster
 from extender.reconciler import reconcile_once
-from extender.service import SYNC_KINDS, ExtenderService
+from extender.service import SYNC_KINDS, ExtenderService, handlers_for
 from topology.accounting import accumulate
 from topology.scheduling import GpuGrant
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from extender.app import verb_routes
 from extender.service import ExtenderService
+from extender.verbs import verb_routes
 from extender.verbs_server import VerbsServer
 
 from .conftest import filter_args, gpu_pod

@@ -18,11 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contract.gpu_topology import as_published
-from extender.__main__ import handlers_for
 from extender.app import create_app
 from extender.config import ExtenderConfig
 from extender.in_memory_cluster import InMemoryCluster
-from extender.service import ExtenderService
+from extender.service import ExtenderService, handlers_for
 from extender.snapshot import NodeFacts
 from tests.extender.conftest import hgx_h100, two_socket_pcie
 
