@@ -12,13 +12,12 @@ from typing import Any
 import pytest
 
 from contract.ledger import Ledger
-from extender.__main__ import handlers_for
 from extender.binder import BindResult, Committed, PendingBind
 from extender.config import ExtenderConfig
 from extender.group_commit import GroupCommit
 from extender.in_memory_cluster import InMemoryCluster
 from extender.pod_requests import PodRequest, read_pod_request
-from extender.service import ExtenderService
+from extender.service import ExtenderService, handlers_for
 from topology.accounting import accumulate
 
 from .conftest import gpu_pod, hgx_h100

@@ -12,10 +12,9 @@ import pytest
 from contract.allocation import decode_allocation
 from contract.keys import ALLOCATION_ANNOTATION
 from contract.resources import ResourceNames
-from extender.__main__ import handlers_for
 from extender.config import ExtenderConfig
 from extender.in_memory_cluster import InMemoryCluster
-from extender.service import ExtenderService
+from extender.service import ExtenderService, handlers_for
 from extender.snapshot import NodeFacts
 from node_agent.agent_loop import Agent
 from node_agent.config import AgentConfig, parse_args, parse_mig_layout
