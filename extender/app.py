@@ -17,7 +17,6 @@ connection threads (or, in the FastAPI apps, on the thread pool): never on an ev
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -28,49 +27,39 @@ from starlette.concurrency import run_in_threadpool
 from extender.debug_access import DebugAccess, Denied
 from extender.debug_routes import register_debug_routes
 from extender.metrics import CONTENT_TYPE
+from extender.reuse import Reuse
 from extender.service import ExtenderService
+from extender.wire import compact_json, decode_json
 
 T = TypeVar("T")
 
-
-def _decode(raw: bytes) -> object:
-    """The JSON body, or None when it is not JSON (the verbs then answer with a clear Error)."""
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return None
+_ENCODINGS_KEPT = 8  # JSON encodings of answers remembered per verb (a few request kinds at once)
 
 
 def _verb(fn: Callable[[object], T]) -> Callable[[bytes], T]:
     def run(raw: bytes) -> T:
-        return fn(_decode(raw))
+        return fn(decode_json(raw))
 
     return run
-
-
-def _encode(answer: object) -> bytes:
-    return json.dumps(answer, separators=(",", ":")).encode()
 
 
 def verb_routes(service: ExtenderService) -> dict[str, Callable[[bytes], bytes]]:
     """The verbs for `extender.verbs_server.VerbsServer`: raw body in, JSON bytes out."""
 
     def route(fn: Callable[[object], object]) -> Callable[[bytes], bytes]:
-        last: list[tuple[object, bytes]] = []  # the last answer object and its encoding
+        encoded: Reuse[bytes] = Reuse(_ENCODINGS_KEPT)  # answers the service handed out again
 
         def run(raw: bytes) -> bytes:
-            answer = fn(_decode(raw))
-            seen = last[-1] if last else None
-            if seen is not None and seen[0] is answer:  # the service handed out the same answer
-                return seen[1]
-            data = _encode(answer)
-            last[:] = [(answer, data)]
+            answer = fn(decode_json(raw))
+            data = encoded.get(answer)
+            if data is None:
+                data = encoded.put(answer, compact_json(answer))
             return data
 
         return run
 
     return {
-        "/filter": route(service.filter),
+        "/filter": service.filter_json,
         "/prioritize": route(service.prioritize),
         "/bind": route(service.bind),
     }
