@@ -63,6 +63,7 @@ class _FilterMemo:
     """The last filter answer for one node list, and the cluster generation it was true at."""
 
     generation: int
+    key: tuple[str, ...]  # the node list, as first asked
     names: frozenset[str]
     passed: set[str]
     failed: dict[str, str]
@@ -160,22 +161,23 @@ class Decider:
         key = node_names if isinstance(node_names, tuple) else tuple(node_names)
         with memo.lock:
             memo.align(snapshot)
-            outcome = self._filter(snapshot, memo, pod, key)
-            if not pod.decide_node or len(outcome.passed) < 2:
-                return outcome
-            return self._decide(snapshot, memo, pod, key, outcome)
+            found = self._filter(snapshot, memo, pod, key)
+            assert found.answer is not None
+            if not pod.decide_node or len(found.answer.passed) < 2:
+                return found.answer
+            return self._decide(snapshot, memo, pod, found, found.answer)
 
     def _decide(
         self,
         snapshot: ClusterSnapshot,
         memo: _Memo,
         pod: PodRequest,
-        key: tuple[str, ...],
+        listed: _FilterMemo,
         outcome: FilterOutcome,
     ) -> FilterOutcome:
         """`outcome` narrowed to the node `choose_node` picks among its passing nodes, re-ranking
         only the nodes changed since the list was last decided (`ChoiceMemo`)."""
-        memo_key = (pod.compute, key)
+        memo_key = (pod.compute, listed.key)  # the list as first asked: equal by identity
         found = memo.decisions.get(memo_key)
         if found is None:
             if len(memo.decisions) >= 4:
@@ -183,18 +185,18 @@ class Decider:
             found = memo.decisions[memo_key] = ChoiceMemo()
         generation = snapshot.generation
         changed = self._store.changes_between(found.generation, generation) if found.source else None
-        passing = memo.filters[key].passed
         return found.decide(
             outcome,
             generation,
             changed,
             lambda name: self._terms(snapshot, memo, name, pod),
-            passing.__contains__,
+            listed.passed.__contains__,
         )
 
     def _filter(
         self, snapshot: ClusterSnapshot, memo: _Memo, pod: PodRequest, key: tuple[str, ...]
-    ) -> FilterOutcome:
+    ) -> _FilterMemo:
+        """The memo of this node list, its answer up to date."""
         found = memo.filters.get(key)
         generation = snapshot.generation
         changed = self._store.changes_between(found.generation, generation) if found else None
@@ -207,13 +209,13 @@ class Decider:
             found.generation = generation
         if found.answer is None:
             found.answer = _answer(found, key)
-        return found.answer
+        return found
 
     def _full_filter(
         self, snapshot: ClusterSnapshot, memo: _Memo, key: tuple[str, ...], pod: PodRequest
     ) -> _FilterMemo:
         positions = {name: i for i, name in reversed(tuple(enumerate(key)))}
-        found = _FilterMemo(snapshot.generation, frozenset(key), set(), {}, {}, {}, positions)
+        found = _FilterMemo(snapshot.generation, key, frozenset(key), set(), {}, {}, {}, positions)
         self._refresh(snapshot, memo, found, positions, pod)
         if len(memo.filters) >= 4:
             memo.filters.pop(next(iter(memo.filters)))

@@ -50,7 +50,7 @@ def parse_extender_args(body: object) -> ExtenderArgs:
     names = doc.get("nodenames")
     node_list = doc.get("nodes")
     if names is not None:
-        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
+        if not isinstance(names, list) or not _all_strings(names):
             raise WireError("'NodeNames' must be a list of strings")
         return ExtenderArgs(pod, tuple(names), None)
     if isinstance(node_list, dict):
@@ -67,6 +67,14 @@ def parse_extender_args(body: object) -> ExtenderArgs:
             node_names.append(name)
         return ExtenderArgs(pod, tuple(node_names), nodes)
     raise WireError("neither 'NodeNames' nor 'Nodes' was given")
+
+
+def _all_strings(items: list[Any]) -> bool:
+    try:
+        "".join(items)  # one pass in C; raises on the first item that is not a string
+    except TypeError:
+        return False
+    return True
 
 
 def parse_binding_args(body: object) -> BindingArgs:
