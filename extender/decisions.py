@@ -9,9 +9,10 @@ locked while a call uses it, so calls may run on several threads.
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from contract.compute_demand import ComputeDemand
 from contract.gpu_topology import TopologyStatus
@@ -71,6 +72,9 @@ class _FilterMemo:
     misfits: dict[str, Misfit]
     positions: dict[str, int]  # each name's first place in the list: answers follow the list's order
     answer: FilterOutcome | None = None  # handed out, never changed; None when it must be rebuilt
+    previous: FilterOutcome | None = None  # the last answer handed out
+    joined: set[str] = field(default_factory=set)  # started passing since `previous`
+    left: set[str] = field(default_factory=set)  # stopped passing since `previous`
 
 
 class _Memo:
@@ -208,7 +212,8 @@ class Decider:
                 found.answer = None
             found.generation = generation
         if found.answer is None:
-            found.answer = _answer(found, key)
+            found.answer = _answer(found, key, found.previous)
+        found.previous = found.answer
         return found
 
     def _full_filter(
@@ -238,13 +243,16 @@ class Decider:
                 if name in found.passed:
                     continue
                 found.passed.add(name)
+                _move(name, found.left, found.joined)
                 found.failed.pop(name, None)
                 found.unresolvable.pop(name, None)
                 found.misfits.pop(name, None)
             else:
                 if found.misfits.get(name) == result:
                     continue
-                found.passed.discard(name)
+                if name in found.passed:
+                    found.passed.discard(name)
+                    _move(name, found.joined, found.left)
                 found.misfits[name] = result
                 (found.failed if result.resolvable else found.unresolvable)[name] = result.message
                 (found.unresolvable if result.resolvable else found.failed).pop(name, None)
@@ -306,20 +314,42 @@ class Decider:
         return found
 
 
-def _answer(found: _FilterMemo, key: tuple[str, ...]) -> FilterOutcome:
+def _move(name: str, source: set[str], target: set[str]) -> None:
+    """Record that `name` moved out of the passing nodes' `source` side into `target`."""
+    if name in source:
+        source.discard(name)
+    else:
+        target.add(name)
+
+
+def _answer(found: _FilterMemo, key: tuple[str, ...], previous: FilterOutcome | None) -> FilterOutcome:
     """The filter answer in the memo, every bucket in the order of the node list asked (copies:
-    the memo keeps changing while callers keep the answer)."""
+    the memo keeps changing while callers keep the answer); `previous`'s passing nodes when the
+    same nodes pass."""
     where = found.positions.__getitem__
-    if len(found.positions) == len(key):
-        passed = tuple(sorted(found.passed, key=where))
-    else:  # a name asked twice passes twice, as asked
+    if len(found.positions) != len(key):  # a name asked twice passes twice, as asked
         passed = tuple(name for name in key if name in found.passed)
+    elif previous is None:
+        passed = tuple(sorted(found.passed, key=where))
+    elif found.joined or found.left:
+        still = list(previous.passed)
+        for name in found.left:
+            still.remove(name)
+        for name in found.joined:
+            bisect.insort(still, name, key=where)
+        passed = tuple(still)
+    else:
+        passed = previous.passed
+    found.joined.clear()
+    found.left.clear()
+    order = sorted(found.misfits, key=where)  # the failed and the unresolvable nodes
+    failed, unresolvable = found.failed, found.unresolvable
     return FilterOutcome(
         passed,
-        {name: found.failed[name] for name in sorted(found.failed, key=where)},
-        {name: found.unresolvable[name] for name in sorted(found.unresolvable, key=where)},
+        {name: failed[name] for name in order if name in failed},
+        {name: unresolvable[name] for name in order if name in unresolvable},
         {},
-        {name: found.misfits[name] for name in sorted(found.misfits, key=where)},
+        {name: found.misfits[name] for name in order},
     )
 
 

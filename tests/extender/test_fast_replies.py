@@ -194,3 +194,41 @@ def test_an_unchanged_cluster_hands_out_the_same_filter_outcome_and_bytes() -> N
     assert again is first
     log = service.decisions_for("ml", "again")
     assert outcome is not None and log is not None and log.filtered is outcome
+
+
+def _terms(node: str, frag: float, link: float) -> Any:
+    from topology.scoring import RawTerms
+
+    return RawTerms(node, (link, 0.0, 0.0), frag, 0.5, None, link_relative=link > 0)  # type: ignore[arg-type]
+
+
+def test_the_remembered_choice_follows_choose_node_as_nodes_change_and_the_best_link_moves() -> None:
+    """Random changes to terms, passing nodes and the best ring bottleneck (gained, lost, shared):
+    after each, the memo picks what `choose_node` picks over all passing nodes' terms."""
+    from extender.filter_outcome import FilterOutcome
+    from extender.node_choice_memo import ChoiceMemo
+
+    rng = random.Random(5)
+    names = [f"n{i}" for i in range(40)]
+    terms = {n: _terms(n, rng.choice((0.0, 90.0, 200.0)), rng.choice((0.0, 50.0, 100.0))) for n in names}
+    passing = set(rng.sample(names, 25))
+    memo = ChoiceMemo()
+    changed: frozenset[str] | None = None
+    for step in range(300):
+        outcome = FilterOutcome(tuple(n for n in names if n in passing))
+        answer = memo.decide(outcome, step, changed, terms.__getitem__, passing.__contains__)
+        expected = choose_node([terms[n] for n in outcome.passed])
+        assert expected is not None and answer.passed == (expected.node,)
+        moved = rng.sample(names, rng.randint(0, 3))
+        for n in moved:
+            roll = rng.random()
+            if roll < 0.3:
+                passing ^= {n}
+            elif roll < 0.4:
+                terms[n] = _terms(n, 0.0, 100.0 + rng.choice((0.0, 25.0)))  # a new best bottleneck
+            else:
+                terms[n] = _terms(n, rng.choice((0.0, 90.0, 200.0)), rng.choice((0.0, 50.0, 100.0)))
+        if len(passing) < 2:
+            passing |= set(names[:2])
+            moved += names[:2]
+        changed = frozenset(moved)
