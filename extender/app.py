@@ -28,14 +28,14 @@ from extender.debug_access import DebugAccess, Denied
 from extender.debug_routes import register_debug_routes
 from extender.metrics import CONTENT_TYPE
 from extender.service import ExtenderService
-from extender.verbs import decode_body
+from extender.wire import decode_json
 
 T = TypeVar("T")
 
 
 def _verb(fn: Callable[[object], T]) -> Callable[[bytes], T]:
     def run(raw: bytes) -> T:
-        return fn(decode_body(raw))
+        return fn(decode_json(raw))
 
     return run
 

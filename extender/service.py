@@ -19,23 +19,35 @@ from extender.binder import Binder
 from extender.cluster_api import ClusterApi, WatchHandlers
 from extender.cluster_store import ClusterStore
 from extender.config import ExtenderConfig
-from extender.decisions import Decider, FilterOutcome
+from extender.decisions import Decider
+from extender.filter_outcome import FilterOutcome
 from extender.metrics import ExtenderMetrics
+from extender.node_choice_memo import chosen_reason
 from extender.pod_requests import PodRequest, RequestError, read_pod_request, scheduler_mismatch
+from extender.reuse import Reuse
 from extender.wire import (
+    ExtenderArgs,
     WireError,
     binding_result,
+    compact_json,
+    decode_json,
     filter_result,
+    filter_result_json,
     parse_binding_args,
     parse_extender_args,
     priority_list,
     priority_list_for,
+    same_value_entries,
+    string_map_entries,
 )
 from topology.scoring import Ranking
 
 SYNC_KINDS = ("nodes", "topologies", "ledgers", "pods", "policies", "namespaces")
 _LOG_LIMIT = 2048
-_ANSWERS_KEPT = 8  # prioritize answers remembered (a few request kinds at once)
+_ANSWERS_KEPT = 8  # filter and prioritize answers remembered (a few request kinds at once)
+
+#: A filter outcome's misfits counted by (failed or unresolvable, reason).
+Tally = tuple[tuple[tuple[str, str], int], ...]
 
 
 @dataclass
@@ -69,11 +81,41 @@ class ExtenderService:
         )
         self._log: OrderedDict[str, PodDecisions] = OrderedDict()
         self._log_lock = threading.Lock()
-        self._answers: list[tuple[Ranking, tuple[str, ...], list[dict[str, Any]]]] = []
+        self._answers: Reuse[tuple[tuple[str, ...], list[dict[str, Any]]]] = Reuse(_ANSWERS_KEPT)
+        self._filter_json: Reuse[bytes] = Reuse(_ANSWERS_KEPT)
+        self._encoded_maps: Reuse[str] = Reuse(2 * _ANSWERS_KEPT)
+        self._tallies: Reuse[Tally] = Reuse(_ANSWERS_KEPT)
 
     # ------------------------------------------------------------------ verbs
 
     def filter(self, body: object) -> dict[str, Any]:
+        """The ExtenderFilterResult for an ExtenderArgs body (decoded JSON)."""
+        decided = self._filter(body)
+        if isinstance(decided, dict):
+            return decided
+        args, outcome = decided
+        return filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
+
+    def filter_json(self, raw: bytes) -> bytes:
+        """`compact_json(self.filter(decode_json(raw)))`, the same bytes, for the verbs server.
+
+        The decider hands out the same outcome while none of the nodes asked about changed, and
+        then the bytes are the same too; a new outcome reuses the encoding of the parts it
+        shares with earlier ones (the failed nodes of the answer a decided node narrows)."""
+        decided = self._filter(decode_json(raw))
+        if isinstance(decided, dict):
+            return compact_json(decided)
+        args, outcome = decided
+        if args.nodes is not None:
+            return compact_json(filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable))
+        known = self._filter_json.get(outcome)
+        if known is None:
+            known = self._filter_json.put(outcome, self._encoded(outcome))
+        return known
+
+    def _filter(self, body: object) -> dict[str, Any] | tuple[ExtenderArgs, FilterOutcome]:
+        """Filter's decision (logged and counted), or its whole answer when there is no decision
+        to make (a bad body, a pod without a GPU request or with an invalid one)."""
         with self.metrics.latency.labels("filter").time():
             try:
                 args = parse_extender_args(body)
@@ -99,14 +141,33 @@ class ExtenderService:
                 return filter_result(args, (), {}, {n: parsed.message for n in args.node_names})
             outcome = self.decider.filter(snapshot, parsed, args.node_names)
             log.filtered = outcome
-            tally: dict[tuple[str, str], int] = {}
-            for misfit in outcome.misfits.values():
-                key = ("failed" if misfit.resolvable else "unresolvable", misfit.reason.value)
-                tally[key] = tally.get(key, 0) + 1
-            for (kind, reason), n in sorted(tally.items()):
+            tally = self._tallies.get(outcome.misfits)  # shared by answers narrowed from one outcome
+            if tally is None:
+                tally = self._tallies.put(outcome.misfits, _misfit_tally(outcome))
+            for (kind, reason), n in tally:
                 self.metrics.decisions.labels("filter", kind, reason).inc(n)
             self.metrics.decisions.labels("filter", "passed", "").inc(len(outcome.passed))
-            return filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
+            return args, outcome
+
+    def _encoded(self, outcome: FilterOutcome) -> bytes:
+        base = outcome.narrowed_from
+        if base is None:
+            failed = [self._entries(outcome.failed)]
+        else:
+            others = dict.fromkeys(base.passed)
+            del others[outcome.passed[0]]
+            failed = [
+                self._entries(base.failed),
+                same_value_entries(others, chosen_reason(outcome.passed[0])),
+            ]
+        return filter_result_json(outcome.passed, failed, self._entries(outcome.unresolvable))
+
+    def _entries(self, mapping: dict[str, str]) -> str:
+        """`string_map_entries(mapping)`, remembered while the (never modified) dict is in use."""
+        known = self._encoded_maps.get(mapping)
+        if known is None:
+            known = self._encoded_maps.put(mapping, string_map_entries(mapping))
+        return known
 
     def prioritize(self, body: object) -> list[dict[str, Any]]:
         with self.metrics.latency.labels("prioritize").time():
@@ -151,15 +212,11 @@ class ExtenderService:
         """The HostPriorityList for `names` under `ranking`. The decider hands out the same
         Ranking while none of the nodes changed, and then the answer is the same list too (it
         is never modified after it is built), which spares rebuilding thousands of entries."""
-        with self._log_lock:
-            for i, (known, known_names, answer) in enumerate(self._answers):
-                if known is ranking and known_names == names:
-                    self._answers.append(self._answers.pop(i))
-                    return answer
+        known = self._answers.get(ranking)
+        if known is not None and known[0] == names:
+            return known[1]
         answer = priority_list_for(names, ranking.by_node())
-        with self._log_lock:
-            self._answers.append((ranking, names, answer))
-            del self._answers[:-_ANSWERS_KEPT]
+        self._answers.put(ranking, (names, answer))
         return answer
 
     # ------------------------------------------------------------------ views
@@ -186,6 +243,15 @@ class ExtenderService:
             while len(self._log) > _LOG_LIMIT:
                 self._log.popitem(last=False)
             return entry
+
+
+def _misfit_tally(outcome: FilterOutcome) -> Tally:
+    """The outcome's misfits counted by (failed or unresolvable, reason), in sorted order."""
+    tally: dict[tuple[str, str], int] = {}
+    for misfit in outcome.misfits.values():
+        key = ("failed" if misfit.resolvable else "unresolvable", misfit.reason.value)
+        tally[key] = tally.get(key, 0) + 1
+    return tuple(sorted(tally.items()))
 
 
 def _first_words(message: str) -> str:

@@ -6,8 +6,10 @@ case-insensitively, and so do we. Requests become frozen values here; answers ar
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 MAX_EXTENDER_PRIORITY = 10
@@ -48,7 +50,7 @@ def parse_extender_args(body: object) -> ExtenderArgs:
     names = doc.get("nodenames")
     node_list = doc.get("nodes")
     if names is not None:
-        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
+        if not isinstance(names, list) or not _all_strings(names):
             raise WireError("'NodeNames' must be a list of strings")
         return ExtenderArgs(pod, tuple(names), None)
     if isinstance(node_list, dict):
@@ -65,6 +67,14 @@ def parse_extender_args(body: object) -> ExtenderArgs:
             node_names.append(name)
         return ExtenderArgs(pod, tuple(node_names), nodes)
     raise WireError("neither 'NodeNames' nor 'Nodes' was given")
+
+
+def _all_strings(items: list[Any]) -> bool:
+    try:
+        "".join(items)  # one pass in C; raises on the first item that is not a string
+    except TypeError:
+        return False
+    return True
 
 
 def parse_binding_args(body: object) -> BindingArgs:
@@ -119,3 +129,46 @@ def priority_list_for(names: Sequence[str], scores: Mapping[str, int]) -> list[d
 
 def binding_result(error: str = "") -> dict[str, str]:
     return {"Error": error}
+
+
+def decode_json(raw: bytes) -> object:
+    """The JSON body, or None when it is not JSON (the verbs then answer with a clear Error)."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def compact_json(answer: object) -> bytes:
+    """An answer as it goes on the wire: compact JSON, non-ASCII escaped."""
+    return json.dumps(answer, separators=(",", ":")).encode()
+
+
+def string_map_entries(mapping: Mapping[str, str]) -> str:
+    """The entries of a JSON object of strings as `compact_json` writes them, without the braces."""
+    return json.dumps(mapping, separators=(",", ":"))[1:-1]
+
+
+def same_value_entries(names: Iterable[str], value: str) -> str:
+    """`string_map_entries(dict.fromkeys(names, value))` for distinct names, in one join."""
+    quoted = list(map(encode_basestring_ascii, names))
+    if not quoted:
+        return ""
+    separator = ":" + encode_basestring_ascii(value) + ","
+    return separator.join(quoted) + separator[:-1]
+
+
+def filter_result_json(passed: Sequence[str], failed: Sequence[str], unresolvable: str) -> bytes:
+    """`compact_json(filter_result(...))` for a names request with no error, from FailedNodes'
+    entries in parts (each as `string_map_entries` writes them; empty parts are skipped) and
+    FailedAndUnresolvableNodes' entries: answers with thousands of failed nodes are built from
+    parts encoded once instead of encoding every entry for every call."""
+    return (
+        '{"Nodes":null,"NodeNames":'
+        + json.dumps(list(passed), separators=(",", ":"))
+        + ',"FailedNodes":{'
+        + ",".join(part for part in failed if part)
+        + '},"FailedAndUnresolvableNodes":{'
+        + unresolvable
+        + '},"Error":""}'
+    ).encode()

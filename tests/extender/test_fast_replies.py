@@ -1,0 +1,234 @@
+"""The warm request path: remembered decisions and pre-encoded replies give the same bytes as
+deciding and encoding from scratch."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from contract.allocation import Allocation
+from contract.compute_demand import ComputeDemand
+from contract.gpu_topology import as_published
+from contract.ledger import Ledger, LedgerEntry
+from extender.__main__ import handlers_for
+from extender.verbs import verb_routes
+from extender.config import ExtenderConfig
+from extender.in_memory_cluster import InMemoryCluster
+from extender.reuse import Reuse
+from extender.service import ExtenderService
+from extender.snapshot import NodeFacts
+from extender.wire import (
+    compact_json,
+    filter_result,
+    filter_result_json,
+    parse_extender_args,
+    same_value_entries,
+    string_map_entries,
+)
+from topology.catalog import load_machine
+from topology.node_choice import choose_node
+from topology.placement import place
+from topology.scheduling import GpuShare, Placement, Request, WholeGpus
+
+from .conftest import gpu_pod
+
+pytestmark = pytest.mark.timeout(120)
+
+MACHINES = ("hgx-h100", "dgx-a100", "dgx1-v100", "pcie-nv12-pairs", "rtx3090-2socket")
+
+
+def _fleet(config: ExtenderConfig, nodes: int = 30) -> InMemoryCluster:
+    """Nodes of five machine shapes (one without a topology) under mixed load."""
+    rng = random.Random(7)
+    cluster = InMemoryCluster(config)
+    allocatable = ComputeDemand(96_000, 1024 * 1024)
+    for i in range(nodes):
+        name = f"node-{i:03d}"
+        base = load_machine(MACHINES[i % len(MACHINES)])
+        topology = replace(base, gpus=tuple(replace(g, uuid=f"GPU-{name}-{g.index}") for g in base.gpus))
+        cluster.add_node(
+            NodeFacts(name, allocatable=allocatable), None if i == 3 else as_published(name, topology)
+        )
+    service = _service(config, cluster)
+    for i in range(nodes):
+        for k in range(rng.randint(0, 4)):
+            _bind(
+                cluster,
+                service,
+                f"node-{i:03d}",
+                rng.choice((WholeGpus(1), WholeGpus(2), GpuShare(25, 8192))),
+                k,
+            )
+    return cluster
+
+
+def _service(config: ExtenderConfig, cluster: InMemoryCluster) -> ExtenderService:
+    service = ExtenderService(config, cluster)
+    cluster.run_watches(handlers_for(service), lambda: True)
+    return service
+
+
+def _bind(cluster: InMemoryCluster, service: ExtenderService, node: str, request: Request, k: object) -> None:
+    """Commit `request` on `node` to its ledger, as a bind does (nothing when it does not fit)."""
+    entry = service.store.snapshot().node(node)
+    if entry is None or entry.state is None:
+        return
+    found = place(entry.state, request)
+    if not isinstance(found, Placement):
+        return
+    ledger = cluster.read_ledger(node)
+    grant = LedgerEntry(f"{node}-{k}", "load", f"{node}-{k}", Allocation(node, found.grants), 0.0)
+    cluster.write_ledger(Ledger(node, (*ledger.entries, grant), ledger.resource_version))
+
+
+def _pods() -> list[dict[str, Any]]:
+    return [
+        gpu_pod("one", gpus=1),
+        gpu_pod("two", gpus=2),
+        gpu_pod("four", gpus=4),
+        gpu_pod("share", units=25, memory=8192),
+        gpu_pod("spread", gpus=2, linkpack_io_policy="spread"),
+        gpu_pod("typo", gpus=1, linkpack_io_policy="no-such-policy"),
+        gpu_pod("cpu-only"),
+        {
+            **gpu_pod("other", gpus=1),
+            "spec": {**gpu_pod(gpus=1)["spec"], "schedulerName": "default-scheduler"},
+        },
+    ]
+
+
+@pytest.mark.parametrize("decide_node", [True, False])
+def test_warm_replies_equal_replies_decided_from_scratch_byte_for_byte(decide_node: bool) -> None:
+    """On a mixed fleet, through binds between calls, the verbs server's filter and prioritize
+    bytes equal a new service's plain answers encoded, and the decided node is `choose_node`'s."""
+    config = ExtenderConfig(decide_node=decide_node)
+    cluster = _fleet(config)
+    warm = _service(config, cluster)
+    routes = verb_routes(warm)
+    names = [f"node-{i:03d}" for i in range(30)] + ["not-a-node"]
+    rng = random.Random(11)
+    checked = 0
+    for step in range(24):
+        for pod in _pods():
+            asked = names if step % 3 else rng.sample(names, 12)
+            body = {"Pod": pod, "Nodes": None, "NodeNames": asked}
+            raw = json.dumps(body).encode()
+            fresh = _service(config, cluster)
+            plain = fresh.filter(json.loads(raw))
+            assert routes["/filter"](raw) == compact_json(plain)
+            passed = plain["NodeNames"] or []
+            prio_raw = json.dumps({**body, "NodeNames": passed}).encode()
+            assert routes["/prioritize"](prio_raw) == compact_json(fresh.prioritize(json.loads(prio_raw)))
+            outcome = warm.decisions_for("ml", pod["metadata"]["name"])
+            filtered = outcome.filtered if outcome is not None else None
+            if filtered is not None and filtered.narrowed_from is not None:
+                parsed = outcome.request if outcome is not None else None
+                assert parsed is not None and not isinstance(parsed, str)
+                memo = fresh.decider._memo(parsed.request, parsed.policy)  # type: ignore[union-attr]
+                terms = [
+                    t
+                    for n in filtered.narrowed_from.passed
+                    if (t := fresh.decider._terms(fresh.store.snapshot(), memo, n, parsed)) is not None  # type: ignore[arg-type]
+                ]
+                chosen = choose_node(terms)
+                assert chosen is not None and filtered.passed == (chosen.node,)
+                checked += 1
+        node = names[rng.randrange(30)]
+        _bind(cluster, warm, node, rng.choice((WholeGpus(1), WholeGpus(2), GpuShare(25, 8192))), f"s{step}")
+        if passed:
+            _bind(cluster, warm, passed[0], WholeGpus(1), f"p{step}")
+    assert checked > 0 or not decide_node
+
+
+def test_bad_bodies_get_the_same_bytes_from_the_fast_path_as_from_the_plain_one(
+    service: ExtenderService,
+) -> None:
+    """Not JSON, not an object, no node names, names that are not strings: the same error replies."""
+    for raw in (b"{", b"[]", b'{"Pod": {}}', b'{"Pod": {"metadata": {}}, "NodeNames": [1]}', b"null"):
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        assert service.filter_json(raw) == compact_json(service.filter(body))
+
+
+def test_filter_reply_parts_encode_exactly_as_json_dumps() -> None:
+    """Entries with quotes, backslashes and non-ASCII names, an empty part and empty maps."""
+    failed = {'a"b': "x\\y", "ñode": "needs 2 GPUs, 1 free", "plain": "é"}
+    others = ["n1", "nœud-2", 'q"3']
+    merged = {**failed, **dict.fromkeys(others, "chose ñ")}
+    args = parse_extender_args({"Pod": {}, "NodeNames": ["keep", "ñ"]})
+    expected = compact_json(filter_result(args, ["keep", "ñ"], merged, {"u": "v"}))
+    parts = [string_map_entries(failed), "", same_value_entries(others, "chose ñ")]
+    assert filter_result_json(["keep", "ñ"], parts, string_map_entries({"u": "v"})) == expected
+    empty = compact_json(filter_result(args, [], {}, {}))
+    assert filter_result_json([], [string_map_entries({}), same_value_entries([], "r")], "") == empty
+
+
+def test_reuse_finds_values_by_identity_and_forgets_the_least_recently_used() -> None:
+    """Equal but distinct sources are different entries; the oldest unused entry goes first."""
+    reuse: Reuse[str] = Reuse(2)
+    a, b, c = {"k": 1}, {"k": 1}, {"k": 2}
+    reuse.put(a, "a")
+    reuse.put(b, "b")
+    assert reuse.get(a) == "a" and reuse.get(b) == "b"
+    reuse.get(a)  # a is now the most recently used
+    reuse.put(c, "c")
+    assert reuse.get(b) is None and reuse.get(a) == "a" and reuse.get(c) == "c"
+
+
+def test_an_unchanged_cluster_hands_out_the_same_filter_outcome_and_bytes() -> None:
+    """Asked twice with nothing changed in between, filter reuses its outcome and its encoding."""
+    config = ExtenderConfig()
+    cluster = _fleet(config, nodes=10)
+    service = _service(config, cluster)
+    raw = json.dumps({"Pod": gpu_pod("again", gpus=2), "NodeNames": [f"node-{i:03d}" for i in range(10)]})
+    first = service.filter_json(raw.encode())
+    log = service.decisions_for("ml", "again")
+    outcome = log.filtered if log is not None else None
+    again = service.filter_json(raw.encode())
+    assert again is first
+    log = service.decisions_for("ml", "again")
+    assert outcome is not None and log is not None and log.filtered is outcome
+
+
+def _terms(node: str, frag: float, link: float) -> Any:
+    from topology.scoring import RawTerms
+
+    return RawTerms(node, (link, 0.0, 0.0), frag, 0.5, None, link_relative=link > 0)  # type: ignore[arg-type]
+
+
+def test_the_remembered_choice_follows_choose_node_as_nodes_change_and_the_best_link_moves() -> None:
+    """Random changes to terms, passing nodes and the best ring bottleneck (gained, lost, shared):
+    after each, the memo picks what `choose_node` picks over all passing nodes' terms."""
+    from extender.filter_outcome import FilterOutcome
+    from extender.node_choice_memo import ChoiceMemo
+
+    rng = random.Random(5)
+    names = [f"n{i}" for i in range(40)]
+    terms = {n: _terms(n, rng.choice((0.0, 90.0, 200.0)), rng.choice((0.0, 50.0, 100.0))) for n in names}
+    passing = set(rng.sample(names, 25))
+    memo = ChoiceMemo()
+    changed: frozenset[str] | None = None
+    for step in range(300):
+        outcome = FilterOutcome(tuple(n for n in names if n in passing))
+        answer = memo.decide(outcome, step, changed, terms.__getitem__, passing.__contains__)
+        expected = choose_node([terms[n] for n in outcome.passed])
+        assert expected is not None and answer.passed == (expected.node,)
+        moved = rng.sample(names, rng.randint(0, 3))
+        for n in moved:
+            roll = rng.random()
+            if roll < 0.3:
+                passing ^= {n}
+            elif roll < 0.4:
+                terms[n] = _terms(n, 0.0, 100.0 + rng.choice((0.0, 25.0)))  # a new best bottleneck
+            else:
+                terms[n] = _terms(n, rng.choice((0.0, 90.0, 200.0)), rng.choice((0.0, 50.0, 100.0)))
+        if len(passing) < 2:
+            passing |= set(names[:2])
+            moved += names[:2]
+        changed = frozenset(moved)
