@@ -14,13 +14,12 @@ from contract.allocation import Allocation
 from contract.compute_demand import ComputeDemand
 from contract.gpu_topology import as_published
 from contract.ledger import Ledger, LedgerEntry
-from extender.__main__ import handlers_for
-from extender.verbs import verb_routes
 from extender.config import ExtenderConfig
 from extender.in_memory_cluster import InMemoryCluster
 from extender.reuse import Reuse
-from extender.service import ExtenderService
+from extender.service import ExtenderService, handlers_for
 from extender.snapshot import NodeFacts
+from extender.verbs import verb_routes
 from extender.wire import (
     compact_json,
     filter_result,
