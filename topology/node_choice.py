@@ -11,9 +11,13 @@ The ranking (`decision_key`, lowest wins), from the candidates' `topology.scorin
    goes where the typical workload loses least usable GPU. The step is deliberately coarse:
    ranking by the exact delta chases noise (one seed of the openb trace leaves 7.4% of GPUs
    unallocated that way, against 4.9% in steps), and the tie-breaks below carry the rest;
-2. the node's CPU/GPU imbalance after the pod (`RawTerms.imbalance`, |free CPU share - free
-   GPU share|) in `BALANCE_LEVELS` bands: among equally fragmenting nodes, the one whose CPU
-   and GPUs run out together, so neither is left idle beside an exhausted other;
+2. how much the pod moves the node's free CPU share and free GPU share apart
+   (`RawTerms.imbalance`, the change of |free CPU share - free GPU share|, negative when it
+   brings them together) in `BALANCE_LEVELS` bands: among equally fragmenting nodes, the one
+   where CPU and GPUs come closer to running out together, so neither is left idle beside an
+   exhausted other. The change, not the state after: nodes with CPU to spare all change alike
+   for a pod asking for little CPU, so they tie and fill in name order instead of the emptiest
+   winning every time (which spread such pods over every node);
 3. for a multi-GPU pod, the ring bottleneck of the set `place` found on the node relative to
    the best candidate's, in `LINK_LEVELS` bands (higher first);
 4. a fixed pseudo-random order of node names (CRC-32 of the name): equal nodes are filled
@@ -48,7 +52,9 @@ def rank_terms(terms: RawTerms, best_bottleneck: float = 0.0) -> TermsRank:
     """Steps 1-3 of the ranking (lower first), from the terms alone; `best_bottleneck` is the
     best multi-GPU ring bottleneck among the candidates (0: not a multi-GPU pod)."""
     frag_step = math.floor(round(terms.fragmentation_delta, 6) / FRAGMENTATION_STEP_MILLI)
-    balance = min(BALANCE_LEVELS, math.floor(round(terms.imbalance, 9) * BALANCE_LEVELS))
+    balance = max(
+        -BALANCE_LEVELS, min(BALANCE_LEVELS, math.floor(round(terms.imbalance, 9) * BALANCE_LEVELS))
+    )
     link = 0
     if terms.link_relative and best_bottleneck > 0:
         link = -math.floor(LINK_LEVELS * min(1.0, terms.link[0] / best_bottleneck) + 1e-9)

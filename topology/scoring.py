@@ -41,8 +41,8 @@ only, against `topology.fragmentation.DEFAULT_WORKLOAD`; a caller that knows the
 CPU and memory before and after the pod and a workload with CPU shapes (the extender: from its
 node and pod watches and `topology.workload_learning`) passes them as `NodeResourcesContext`,
 and the delta then counts idle GPUs left on a node too short of CPU or memory for the typical
-pods. With the node's CPU capacity it also gives the CPU/GPU balance after the pod
-(`RawTerms.imbalance`), which `topology.node_choice` ranks by when the extender decides the
+pods. With the node's CPU capacity it also gives how much the pod moves the node's CPU and
+GPUs apart (`RawTerms.imbalance`), which `topology.node_choice` ranks by when the extender decides the
 node itself.
 """
 
@@ -79,7 +79,7 @@ class NodeResourcesContext:
     `topology.fragmentation.node_state_fragmentation(state, workload, cpu, memory)` before and
     after the placement instead of the GPU-only `fragmentation` callable. `None` CPU or memory
     means unconstrained. `cpu_capacity_milli` (the node's allocatable CPU, optional) gives the
-    CPU/GPU balance after the pod (`imbalance_after`).
+    change in the CPU/GPU balance the pod makes (`imbalance_change`).
     """
 
     free_cpu_milli_before: int | None
@@ -142,7 +142,7 @@ class RawTerms:
     placement: Placement
     fragmentation: float = 0.5
     link_relative: bool = False
-    imbalance: float = 0.0  # |free CPU share - free GPU share| after the pod (0 when CPU is unknown)
+    imbalance: float = 0.0  # the pod's change of |free CPU share - free GPU share| (0: CPU unknown)
 
 
 def pair_preserved(before: NodeState, placement: Placement) -> float:
@@ -207,16 +207,32 @@ def packing_term(util_before: float, util_after: float, policy: Policy) -> float
 CPU_SHARE_STEPS = 100
 
 
-def imbalance_after(
-    free_cpu_milli_after: int, cpu_capacity_milli: int, gpu_utilisation_after: float
-) -> float:
-    """|free CPU share - free GPU share| of a node after a pod: 0 when both run out together.
+def cpu_gpu_imbalance(free_cpu_milli: int, cpu_capacity_milli: int, gpu_utilisation: float) -> float:
+    """|free CPU share - free GPU share| of a node: 0 when both run out together.
 
     The free CPU share is rounded down to whole percent (`CPU_SHARE_STEPS`)."""
     if cpu_capacity_milli <= 0:
         return 0.0
-    steps = max(0, min(CPU_SHARE_STEPS, CPU_SHARE_STEPS * free_cpu_milli_after // cpu_capacity_milli))
-    return abs(steps / CPU_SHARE_STEPS - (1.0 - gpu_utilisation_after))
+    steps = max(0, min(CPU_SHARE_STEPS, CPU_SHARE_STEPS * free_cpu_milli // cpu_capacity_milli))
+    return abs(steps / CPU_SHARE_STEPS - (1.0 - gpu_utilisation))
+
+
+def imbalance_change(
+    free_cpu_milli_before: int,
+    free_cpu_milli_after: int,
+    cpu_capacity_milli: int,
+    gpu_utilisation_before: float,
+    gpu_utilisation_after: float,
+) -> float:
+    """How much the pod moves the node's CPU and GPUs apart (negative: closer together).
+
+    The change, not the state after: a GPU pod asking for little CPU moves every node with CPU to
+    spare apart by the same amount, so such nodes tie and fill one after another (packing); ranked
+    by the state after, the emptiest node always looked best, which spread such pods over every
+    node and left no room for whole-node jobs."""
+    after = cpu_gpu_imbalance(free_cpu_milli_after, cpu_capacity_milli, gpu_utilisation_after)
+    before = cpu_gpu_imbalance(free_cpu_milli_before, cpu_capacity_milli, gpu_utilisation_before)
+    return after - before
 
 
 def node_terms(
@@ -250,8 +266,19 @@ def node_terms(
     util_before, util_after = utilisation(state), utilisation(after)
     packing = packing_term(util_before, util_after, policy)
     imbalance = 0.0
-    if resources is not None and resources.cpu_capacity_milli and resources.free_cpu_milli_after is not None:
-        imbalance = imbalance_after(resources.free_cpu_milli_after, resources.cpu_capacity_milli, util_after)
+    if (
+        resources is not None
+        and resources.cpu_capacity_milli
+        and resources.free_cpu_milli_after is not None
+        and resources.free_cpu_milli_before is not None
+    ):
+        imbalance = imbalance_change(
+            resources.free_cpu_milli_before,
+            resources.free_cpu_milli_after,
+            resources.cpu_capacity_milli,
+            util_before,
+            util_after,
+        )
     return RawTerms(
         node=state.name,
         link=link,

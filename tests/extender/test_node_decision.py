@@ -147,3 +147,28 @@ def test_the_learned_workload_follows_the_gpu_pods_seen_deterministically() -> N
     assert top.probability > 0.8
     assert tracked_pod({"metadata": {"uid": "x"}, "spec": {}}).gpu_shape is None
     assert _pod("s", cpu="1", gpus=2).gpu_shape == PodShape(8250, 1000, 2)
+
+
+def test_gpu_pods_asking_for_no_cpu_fill_one_node_after_another() -> None:
+    """Ten identical 8-GPU nodes with 64 CPUs each and forty 1-GPU pods asking for no CPU, every
+    pod seeing all ten nodes (as the scheduler asks): the decided nodes fill one after another,
+    five nodes full and five left empty for whole-node jobs, not a few pods on every node."""
+    config = ExtenderConfig()
+    cluster = InMemoryCluster(config)
+    names = [f"h100-{i}" for i in range(10)]
+    for name in names:
+        facts = NodeFacts(name, allocatable=ComputeDemand(64_000, 512 * 1024))
+        cluster.add_node(facts, as_published(name, hgx_h100(name)))
+    service = ExtenderService(config, cluster)
+    cluster.run_watches(handlers_for(service), lambda: True)
+    used: dict[str, int] = {}
+    for i in range(40):
+        created = cluster.create_pod(gpu_pod(f"one-{i}", gpus=1))
+        (node,) = service.filter(filter_args(created, names))["NodeNames"]
+        m = created["metadata"]
+        bound = service.bind(
+            {"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"], "Node": node}
+        )
+        assert bound["Error"] == ""
+        used[node] = used.get(node, 0) + 1
+    assert sorted(used.values()) == [8] * 5

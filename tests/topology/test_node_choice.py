@@ -8,7 +8,7 @@ from contract.scheduling_policy import PolicyError, decode_scheduling_policy
 from topology.fragmentation import DEFAULT_WORKLOAD, PodShape
 from topology.node_choice import FRAGMENTATION_STEP_MILLI, choose_node, decision_key, name_rank
 from topology.scheduling import Placement, ScoreBreakdown
-from topology.scoring import RawTerms, imbalance_after
+from topology.scoring import RawTerms, cpu_gpu_imbalance, imbalance_change
 from topology.workload_learning import LearningSettings, WorkloadLearner
 
 pytestmark = pytest.mark.timeout(30)
@@ -43,9 +43,22 @@ def test_within_a_step_balance_then_link_then_the_name_order_decide() -> None:
 
 def test_imbalance_counts_free_cpu_in_whole_percent() -> None:
     """Free CPU 40.9% against GPUs 60% used (40% free): 0.40 vs 0.40 is balanced."""
-    assert imbalance_after(40_900, 100_000, 0.6) == pytest.approx(0.0)
-    assert imbalance_after(0, 100_000, 0.0) == pytest.approx(1.0)
-    assert imbalance_after(5, 0, 0.5) == 0.0
+    assert cpu_gpu_imbalance(40_900, 100_000, 0.6) == pytest.approx(0.0)
+    assert cpu_gpu_imbalance(0, 100_000, 0.0) == pytest.approx(1.0)
+    assert cpu_gpu_imbalance(5, 0, 0.5) == 0.0
+
+
+def test_a_pod_asking_for_no_cpu_changes_every_node_with_cpu_to_spare_alike() -> None:
+    """One GPU of eight on a node with all CPU free: the same change on an empty node as on one
+    already half full, so the two tie (and fill in name order); on a node whose CPU is nearly
+    gone, the same pod brings CPU and GPUs together and ranks first."""
+    empty = imbalance_change(64_000, 64_000, 64_000, 0.0, 1 / 8)
+    half = imbalance_change(64_000, 64_000, 64_000, 4 / 8, 5 / 8)
+    assert empty == pytest.approx(half) == pytest.approx(1 / 8)
+    assert imbalance_change(6_400, 6_400, 64_000, 0.0, 1 / 8) == pytest.approx(-1 / 8)
+    a, b = _terms("node-a", 0.0, empty), _terms("node-b", 0.0, half)
+    assert decision_key(a)[:3] == decision_key(b)[:3]
+    assert choose_node([a, b, _terms("node-c", 0.0, -1 / 8)]).node == "node-c"
 
 
 def test_the_learner_starts_from_its_prior_and_moves_to_what_it_sees() -> None:
