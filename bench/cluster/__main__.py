@@ -187,7 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "`topology.node_choice` over `topology.scoring.node_terms` given each node's free CPU and memory "
         "before and after the pod and its CPU capacity (the extender has them from its node and pod "
         "watches): FGD's fragmentation delta against the learned workload in steps of 80 milli-GPU, then "
-        "the node's CPU/GPU balance after the pod in 5 bands, then (multi-GPU pods) the ring bottleneck, "
+        "how much the pod moves the node's CPU and GPUs apart in 5 bands, then (multi-GPU pods) the ring "
+        "bottleneck, "
         "then a fixed order of node names (CRC-32). Topologies are assumed "
         f"(`bench/cluster/topologies.py`: 8xG2/V100 → {wiring_name('G2', 8)}, 8xG3 → "
         f"{wiring_name('G3', 8)}, 2xT4 → {wiring_name('T4', 2)}).",
@@ -199,8 +200,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "worse still: 10.1% in the prototype).",
         "What made the difference, measured on `default` (seeds 42-43, the policy prototyped on the "
         "simulator's arrays): ranking by the exact fragmentation delta leaves 7.4% unallocated, in steps "
-        "of 40 / 80 / 150 milli-GPU 4.9 / 4.8 / 5.0%, and the CPU/GPU balance bands after the step bring "
-        "it to 4.6%; finer balance bands (20) go back to 5.6%, best-fit tie-breaks to 7.8%. Coarse steps "
+        "of 40 / 80 / 150 milli-GPU 4.9 / 4.8 / 5.0%, and CPU/GPU balance bands after the step bring "
+        "it to 4.6% (ranked by the balance after the pod, which spread GPU pods asking for little CPU "
+        "through the real scheduler; by the pod's change of it, seeds 42-45: 4.92%); finer balance "
+        "bands (20) go back to 5.6%, best-fit tie-breaks to 7.8%. Coarse steps "
         "work because equal nodes are then filled in a fixed order (first fit), which FGD's integer "
         "sigmoid score also gets from its ties.",
         "Multi-GPU column: over all placed 2/4/8-GPU pods of the runs, the share whose GPU set reaches "
