@@ -98,6 +98,19 @@ class Consumption:
     device_ids: tuple[str, ...]
 
 
+def encode_grant(g: GpuGrant) -> dict[str, Any]:
+    """One GPU grant in the `gpus` form of an allocation record (also used by `contract.handoff`)."""
+    return {
+        "index": g.index,
+        "uuid": g.uuid,
+        "whole": g.whole,
+        "memoryMiB": g.memory_mib,
+        "units": g.units,
+        "migUuid": g.mig_uuid,
+        **({"powerW": g.power_w} if g.power_w else {}),
+    }
+
+
 def encode_allocation(a: Allocation) -> str:
     doc = {
         "schema": ALLOCATION_SCHEMA,
@@ -105,18 +118,7 @@ def encode_allocation(a: Allocation) -> str:
         "generation": a.generation,
         "enforcement": a.enforcement.value,
         "resources": dict(a.resources),
-        "gpus": [
-            {
-                "index": g.index,
-                "uuid": g.uuid,
-                "whole": g.whole,
-                "memoryMiB": g.memory_mib,
-                "units": g.units,
-                "migUuid": g.mig_uuid,
-                **({"powerW": g.power_w} if g.power_w else {}),
-            }
-            for g in a.grants
-        ],
+        "gpus": [encode_grant(g) for g in a.grants],
     }
     if a.priority is not ComputePriority.NORMAL:  # absent means normal (as in older records)
         doc["computePriority"] = a.priority.value

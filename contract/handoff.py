@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from contract.allocation import AllocationError, decode_grant
+from contract.allocation import AllocationError, decode_grant, encode_grant
 from contract.pods import PodRef
 from topology.scheduling import GpuGrant
 
@@ -113,17 +113,7 @@ def encode_holds(holds: NodeHolds) -> dict[str, Any]:
                 "namespace": p.namespace,
                 "name": p.name,
                 "uid": p.uid,
-                "gpus": [
-                    {
-                        "index": g.index,
-                        "uuid": g.uuid,
-                        "whole": g.whole,
-                        "memoryMiB": g.memory_mib,
-                        "units": g.units,
-                        "migUuid": g.mig_uuid,
-                    }
-                    for g in p.grants
-                ],
+                "gpus": [encode_grant(g) for g in p.grants],
             }
             for p in holds.pods
         ],

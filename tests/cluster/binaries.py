@@ -78,13 +78,18 @@ def _stderr(message: str) -> None:
     print(f"[linkpack cluster] {message}", file=sys.stderr, flush=True)
 
 
+def required_version(module_dir: Path, module: str) -> str:
+    """The version of `module` required by the go.mod in `module_dir`."""
+    text = (module_dir / "go.mod").read_text()
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\d+\.\d+\.\d+\S*)", text, re.MULTILINE)
+    if match is None:
+        raise BinariesError(f"{module_dir / 'go.mod'}: no `require {module} vX.Y.Z` line")
+    return match.group(1)
+
+
 def pinned_version(module_dir: Path = MODULE_DIR) -> str:
     """The `k8s.io/kubernetes` version required by the pinning module's go.mod."""
-    text = (module_dir / "go.mod").read_text()
-    match = re.search(r"^\s*(?:require\s+)?k8s\.io/kubernetes\s+(v\d+\.\d+\.\d+\S*)", text, re.MULTILINE)
-    if match is None:
-        raise BinariesError(f"{module_dir / 'go.mod'}: no `require k8s.io/kubernetes vX.Y.Z` line")
-    return match.group(1)
+    return required_version(module_dir, "k8s.io/kubernetes")
 
 
 def cache_root() -> Path:

@@ -23,6 +23,7 @@ from tests.cluster.binaries import (
     _stderr,
     cache_root,
     find_go,
+    required_version,
 )
 
 MODULE_DIR = Path(__file__).resolve().parent / "helm"
@@ -33,11 +34,7 @@ _VERSION_VARIABLE = f"{_MODULE}/internal/version.version"
 
 def pinned_version(module_dir: Path = MODULE_DIR) -> str:
     """The `helm.sh/helm/v3` version required by the pinning module's go.mod."""
-    text = (module_dir / "go.mod").read_text()
-    match = re.search(rf"^\s*(?:require\s+)?{re.escape(_MODULE)}\s+(v\d+\.\d+\.\d+\S*)", text, re.MULTILINE)
-    if match is None:
-        raise BinariesError(f"{module_dir / 'go.mod'}: no `require {_MODULE} vX.Y.Z` line")
-    return match.group(1)
+    return required_version(module_dir, _MODULE)
 
 
 def _kubernetes_minor(module_dir: Path) -> str:
