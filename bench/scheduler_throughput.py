@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from kubernetes import client
@@ -142,23 +143,39 @@ def our_extender(cp: ControlPlane, tls: TlsSet, source: Path, name: str) -> Iter
     log = cp.log_dir / f"{name}.log"
     with log.open("ab") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=source, env=env)
-    spy: subprocess.Popen[bytes] | None = None
     try:
         _wait_ready(f"http://127.0.0.1:{ops_port}/readyz", proc, log, False)
-        if PROFILE_DIR is not None:  # sample every thread of the extender while the row runs
-            PROFILE_DIR.mkdir(parents=True, exist_ok=True)
-            out = PROFILE_DIR / f"{name}-{time.strftime('%H%M%S')}.txt"
-            spy = subprocess.Popen(
-                ["py-spy", "record", "--gil", "-p", str(proc.pid), "-f", "raw", "-r", "250", "-o", str(out)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+        _PROFILED[proc.pid] = name
         yield f"https://127.0.0.1:{port}", proc.pid
     finally:
-        if spy is not None:
-            spy.send_signal(signal.SIGINT)
-            spy.wait(timeout=60)
+        _PROFILED.pop(proc.pid, None)
         _stop(proc)
+
+
+_PROFILED: dict[int, str] = {}  # our extenders' pids and row names, for --profile
+
+
+@contextlib.contextmanager
+def profiled(pid: int) -> Iterator[None]:
+    """With --profile: py-spy samples of the threads of our extender `pid` that hold the
+    interpreter, from the scheduler's start until the last pod is bound (the measured window)."""
+    name = _PROFILED.get(pid)
+    if PROFILE_DIR is None or name is None:
+        yield
+        return
+    PROFILE_DIR.mkdir(parents=True, exist_ok=True)
+    out = PROFILE_DIR / f"{name}-{time.strftime('%H%M%S')}.txt"
+    spy = subprocess.Popen(
+        ["py-spy", "record", "--gil", "-p", str(pid), "-f", "raw", "-r", "250", "-o", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(0.5)  # py-spy attaches
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(timeout=60)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -187,21 +204,15 @@ def _run(cp: ControlPlane, config: str, pods: int, extender_pid: int = 0) -> tup
                 },
             },
         )
-    cpu_before = cpu_seconds(extender_pid) if extender_pid else 0.0
-    started = time.perf_counter()
-    cp.start_scheduler(lifted(config))
+    listed = json.loads(core.list_namespaced_pod(NAMESPACE, _preload_content=False).data)
     try:
-        while True:
-            items = core.list_namespaced_pod(NAMESPACE, _preload_content=False)
-            placed = [p["spec"].get("nodeName") for p in json.loads(items.data)["items"]]
-            bound = sum(1 for n in placed if n)
-            if bound >= pods:
-                break
-            if time.perf_counter() - started > 900:
-                raise RuntimeError(f"only {bound}/{pods} bound after 900 s")
-            time.sleep(0.05)
-        rate = pods / (time.perf_counter() - started)
-        cpu_ms = (cpu_seconds(extender_pid) - cpu_before) * 1000 / pods if extender_pid else 0.0
+        with profiled(extender_pid):
+            cpu_before = cpu_seconds(extender_pid) if extender_pid else 0.0
+            started = time.perf_counter()
+            cp.start_scheduler(lifted(config))
+            placed = _wait_bound(core, listed, pods, started + 900)
+            rate = pods / (time.perf_counter() - started)
+            cpu_ms = (cpu_seconds(extender_pid) - cpu_before) * 1000 / pods if extender_pid else 0.0
         nodes = {
             n["metadata"]["name"] for n in json.loads(core.list_node(_preload_content=False).data)["items"]
         }
@@ -211,6 +222,44 @@ def _run(cp: ControlPlane, config: str, pods: int, extender_pid: int = 0) -> tup
         core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
         while core.list_namespaced_pod(NAMESPACE).items:
             time.sleep(0.2)
+
+
+def _wait_bound(core: client.CoreV1Api, listed: dict, pods: int, deadline: float) -> list[str]:
+    """The node of every pod once all `pods` are bound, from a watch that starts at the list
+    taken before the scheduler started. A watch costs the API server one event per change, where
+    listing every pod over and over would take CPU from the components being measured."""
+    nodes = {p["metadata"]["name"]: p["spec"].get("nodeName") or "" for p in listed["items"]}
+    version = listed["metadata"]["resourceVersion"]
+    while sum(1 for n in nodes.values() if n) < pods:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            raise RuntimeError(f"only {sum(1 for n in nodes.values() if n)}/{pods} bound in time")
+        stream: Any = core.list_namespaced_pod(
+            NAMESPACE,
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=max(1, int(left)),
+            _preload_content=False,
+        )
+        bound = sum(1 for n in nodes.values() if n)
+        try:
+            for line in stream:
+                event = json.loads(line)
+                pod = event["object"]
+                if event["type"] == "ERROR":
+                    raise RuntimeError(f"watching the pods: {pod.get('message')}")
+                version = pod["metadata"]["resourceVersion"]
+                if event["type"] not in ("ADDED", "MODIFIED"):
+                    continue
+                name, node = pod["metadata"]["name"], pod["spec"].get("nodeName") or ""
+                bound += bool(node) - bool(nodes.get(name))
+                nodes[name] = node
+                if bound >= pods:
+                    break
+        finally:
+            stream.release_conn()
+    return list(nodes.values())
 
 
 @dataclass(frozen=True)

@@ -9,17 +9,15 @@ locked while a call uses it, so calls may run on several threads.
 
 from __future__ import annotations
 
-import bisect
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 
 from contract.compute_demand import ComputeDemand
 from contract.gpu_topology import TopologyStatus
 from contract.scheduling_policy import cuda_version_tuple
 from extender.cluster_store import ClusterStore
+from extender.filter_memo import FilterMemo, nearest
 from extender.filter_outcome import FilterOutcome as FilterOutcome  # where callers have found it
-from extender.node_choice_memo import ChoiceMemo
 from extender.pod_requests import PodRequest
 from extender.snapshot import ClusterSnapshot, NodeEntry
 from topology.placement import place
@@ -59,31 +57,13 @@ def driver_misfit(needed: str, status: TopologyStatus) -> Misfit | None:
     return None
 
 
-@dataclass
-class _FilterMemo:
-    """The last filter answer for one node list, and the cluster generation it was true at."""
-
-    generation: int
-    key: tuple[str, ...]  # the node list, as first asked
-    names: frozenset[str]
-    passed: set[str]
-    failed: dict[str, str]
-    unresolvable: dict[str, str]
-    misfits: dict[str, Misfit]
-    positions: dict[str, int]  # each name's first place in the list: answers follow the list's order
-    answer: FilterOutcome | None = None  # handed out, never changed; None when it must be rebuilt
-    previous: FilterOutcome | None = None  # the last answer handed out
-    joined: set[str] = field(default_factory=set)  # started passing since `previous`
-    left: set[str] = field(default_factory=set)  # stopped passing since `previous`
-
-
 class _Memo:
     """Per node: (state version, placement outcome), (state version, scoring terms); per list: filter.
 
     Everything in it was decided against one learned workload (`workload_version`); a new one
     empties it."""
 
-    __slots__ = ("cuda", "decisions", "filters", "lock", "outcomes", "rankings", "terms", "workload_version")
+    __slots__ = ("cuda", "filters", "lock", "outcomes", "rankings", "terms", "workload_version")
 
     def __init__(self, cuda: str = "") -> None:
         self.cuda = cuda  # the CUDA version the request needs of a node's driver ("" any)
@@ -91,8 +71,7 @@ class _Memo:
         self.workload_version = -1
         self.outcomes: dict[str, tuple[int, Outcome]] = {}
         self.terms: dict[tuple[str, ComputeDemand], tuple[int, RawTerms]] = {}
-        self.filters: dict[tuple[str, ...], _FilterMemo] = {}
-        self.decisions: dict[tuple[ComputeDemand, tuple[str, ...]], ChoiceMemo] = {}
+        self.filters: dict[frozenset[str], FilterMemo] = {}
         self.rankings: dict[
             tuple[ComputeDemand, tuple[str, ...]], tuple[int, list[RawTerms | None], Ranking]
         ] = {}
@@ -104,7 +83,6 @@ class _Memo:
             self.outcomes.clear()
             self.terms.clear()
             self.filters.clear()
-            self.decisions.clear()
             self.rankings.clear()
 
 
@@ -156,37 +134,34 @@ class Decider:
         return result
 
     def filter(self, snapshot: ClusterSnapshot, pod: PodRequest, node_names: Sequence[str]) -> FilterOutcome:
-        """Which nodes fit; only nodes changed since the same list was last asked are re-placed.
+        """Which nodes fit; only nodes changed since the same names were last asked are re-placed
+        (`extender.filter_memo`: the order asked carries no meaning, and a list that moved by a
+        few names places only those). Every bucket of the answer is in name order.
 
         When the pod's policy decides the node (`decideNode`) and several fit, only the one
         `topology.node_choice.choose_node` picks passes; the others fail naming it. While none
         of the nodes changed, the same (never modified) answer object is handed out again."""
         memo = self._memo(pod.request, pod.policy, pod.cuda_version)
-        key = node_names if isinstance(node_names, tuple) else tuple(node_names)
+        names = frozenset(node_names)
         with memo.lock:
             memo.align(snapshot)
-            found = self._filter(snapshot, memo, pod, key)
-            assert found.answer is not None
-            if not pod.decide_node or len(found.answer.passed) < 2:
-                return found.answer
-            return self._decide(snapshot, memo, pod, found, found.answer)
+            found = self._filter(snapshot, memo, pod, names)
+            answer = found.current()
+            if not pod.decide_node or len(answer.passed) < 2:
+                return answer
+            return self._decide(snapshot, memo, pod, found, answer)
 
     def _decide(
         self,
         snapshot: ClusterSnapshot,
         memo: _Memo,
         pod: PodRequest,
-        listed: _FilterMemo,
+        listed: FilterMemo,
         outcome: FilterOutcome,
     ) -> FilterOutcome:
         """`outcome` narrowed to the node `choose_node` picks among its passing nodes, re-ranking
         only the nodes changed since the list was last decided (`ChoiceMemo`)."""
-        memo_key = (pod.compute, listed.key)  # the list as first asked: equal by identity
-        found = memo.decisions.get(memo_key)
-        if found is None:
-            if len(memo.decisions) >= 4:
-                memo.decisions.pop(next(iter(memo.decisions)))
-            found = memo.decisions[memo_key] = ChoiceMemo()
+        found = listed.choice(pod.compute)
         generation = snapshot.generation
         changed = self._store.changes_between(found.generation, generation) if found.source else None
         return found.decide(
@@ -198,65 +173,51 @@ class Decider:
         )
 
     def _filter(
-        self, snapshot: ClusterSnapshot, memo: _Memo, pod: PodRequest, key: tuple[str, ...]
-    ) -> _FilterMemo:
-        """The memo of this node list, its answer up to date."""
-        found = memo.filters.get(key)
+        self, snapshot: ClusterSnapshot, memo: _Memo, pod: PodRequest, names: frozenset[str]
+    ) -> FilterMemo:
+        """The memo of these names, up to date: the one remembered, or a near one moved to them,
+        or a new one."""
         generation = snapshot.generation
+        found = memo.filters.get(names)
+        added: frozenset[str] = frozenset()
+        if found is None:
+            found = nearest(memo.filters.values(), names)
+            if found is not None:
+                del memo.filters[found.names]
+                added = found.move_to(names)
+                memo.filters[names] = found
         changed = self._store.changes_between(found.generation, generation) if found else None
         if found is None or changed is None:
-            found = self._full_filter(snapshot, memo, key, pod)
-        elif changed:
-            touched = changed & found.names
-            if touched and self._refresh(snapshot, memo, found, touched, pod):
-                found.answer = None
-            found.generation = generation
-        if found.answer is None:
-            found.answer = _answer(found, key, found.previous)
-        found.previous = found.answer
+            return self._full_filter(snapshot, memo, names, pod)
+        touched = (changed & names) | added
+        if touched and self._refresh(snapshot, memo, found, touched, pod):
+            found.answer = None
+        found.generation = generation
         return found
 
     def _full_filter(
-        self, snapshot: ClusterSnapshot, memo: _Memo, key: tuple[str, ...], pod: PodRequest
-    ) -> _FilterMemo:
-        positions = {name: i for i, name in reversed(tuple(enumerate(key)))}
-        found = _FilterMemo(snapshot.generation, key, frozenset(key), set(), {}, {}, {}, positions)
-        self._refresh(snapshot, memo, found, positions, pod)
+        self, snapshot: ClusterSnapshot, memo: _Memo, names: frozenset[str], pod: PodRequest
+    ) -> FilterMemo:
+        found = FilterMemo(snapshot.generation, names)
+        self._refresh(snapshot, memo, found, sorted(names), pod)
+        memo.filters.pop(names, None)
         if len(memo.filters) >= 4:
             memo.filters.pop(next(iter(memo.filters)))
-        memo.filters[key] = found
+        memo.filters[names] = found
         return found
 
     def _refresh(
         self,
         snapshot: ClusterSnapshot,
         memo: _Memo,
-        found: _FilterMemo,
+        found: FilterMemo,
         names: Iterable[str],
         pod: PodRequest,
     ) -> bool:
         """Place `names` again; True when the filter answer for them changed."""
         moved = False
         for name in names:
-            result = self._outcome(snapshot, memo, name, pod.request, pod.policy)
-            if isinstance(result, Placement):
-                if name in found.passed:
-                    continue
-                found.passed.add(name)
-                _move(name, found.left, found.joined)
-                found.failed.pop(name, None)
-                found.unresolvable.pop(name, None)
-                found.misfits.pop(name, None)
-            else:
-                if found.misfits.get(name) == result:
-                    continue
-                if name in found.passed:
-                    found.passed.discard(name)
-                    _move(name, found.joined, found.left)
-                found.misfits[name] = result
-                (found.failed if result.resolvable else found.unresolvable)[name] = result.message
-                (found.unresolvable if result.resolvable else found.failed).pop(name, None)
-            moved = True
+            moved |= found.record(name, self._outcome(snapshot, memo, name, pod.request, pod.policy))
         return moved
 
     def prioritize(self, snapshot: ClusterSnapshot, pod: PodRequest, node_names: Sequence[str]) -> Ranking:
@@ -312,45 +273,6 @@ class Decider:
             memo.terms.clear()
         memo.terms[memo_key] = (version, found)
         return found
-
-
-def _move(name: str, source: set[str], target: set[str]) -> None:
-    """Record that `name` moved out of the passing nodes' `source` side into `target`."""
-    if name in source:
-        source.discard(name)
-    else:
-        target.add(name)
-
-
-def _answer(found: _FilterMemo, key: tuple[str, ...], previous: FilterOutcome | None) -> FilterOutcome:
-    """The filter answer in the memo, every bucket in the order of the node list asked (copies:
-    the memo keeps changing while callers keep the answer); `previous`'s passing nodes when the
-    same nodes pass."""
-    where = found.positions.__getitem__
-    if len(found.positions) != len(key):  # a name asked twice passes twice, as asked
-        passed = tuple(name for name in key if name in found.passed)
-    elif previous is None:
-        passed = tuple(sorted(found.passed, key=where))
-    elif found.joined or found.left:
-        still = list(previous.passed)
-        for name in found.left:
-            still.remove(name)
-        for name in found.joined:
-            bisect.insort(still, name, key=where)
-        passed = tuple(still)
-    else:
-        passed = previous.passed
-    found.joined.clear()
-    found.left.clear()
-    order = sorted(found.misfits, key=where)  # the failed and the unresolvable nodes
-    failed, unresolvable = found.failed, found.unresolvable
-    return FilterOutcome(
-        passed,
-        {name: failed[name] for name in order if name in failed},
-        {name: unresolvable[name] for name in order if name in unresolvable},
-        {},
-        {name: found.misfits[name] for name in order},
-    )
 
 
 def resources_context(entry: NodeEntry, pod: PodRequest, snapshot: ClusterSnapshot) -> NodeResourcesContext:

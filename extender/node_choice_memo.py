@@ -54,6 +54,8 @@ class ChoiceMemo:
     at_best: int = 0  # how many nodes have it
     chosen: str | None = None
     answer: FilterOutcome | None = None
+    #: names that joined or left the node list since the last decision (the list moved)
+    listed_changes: set[str] = field(default_factory=set)
 
     def decide(
         self,
@@ -65,7 +67,11 @@ class ChoiceMemo:
     ) -> FilterOutcome:
         """`outcome` narrowed to the chosen node. `changed`: the nodes changed since this memo's
         generation (None when unknown: everything is ranked again); `passes`: whether a node is
-        among `outcome.passed` (only a changed node can have started or stopped passing)."""
+        among `outcome.passed` (only a changed node, or one that joined or left the list, can have
+        started or stopped passing)."""
+        if changed is not None and self.listed_changes:
+            changed = changed | self.listed_changes
+        self.listed_changes = set()
         if changed is None or self.source is None:
             self._rank_all(outcome, terms_of)
         else:

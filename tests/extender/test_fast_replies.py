@@ -231,3 +231,61 @@ def test_the_remembered_choice_follows_choose_node_as_nodes_change_and_the_best_
             passing |= set(names[:2])
             moved += names[:2]
         changed = frozenset(moved)
+
+
+@pytest.mark.parametrize("decide_node", [True, False])
+def test_lists_in_any_order_and_lists_that_move_by_a_few_names_get_the_from_scratch_answer(
+    decide_node: bool,
+) -> None:
+    """kube-scheduler names the same nodes in a new order on every call (its filter fills the
+    list as goroutines finish) and drops nodes its own filters find full: each call, shuffled and
+    with a few names dropped or added, answers what a new service answers, in name order."""
+    config = ExtenderConfig(decide_node=decide_node)
+    cluster = _fleet(config, nodes=40)
+    warm = _service(config, cluster)
+    routes = verb_routes(warm)
+    every = [f"node-{i:03d}" for i in range(40)]
+    asked = list(every)
+    rng = random.Random(23)
+    for step in range(60):
+        rng.shuffle(asked)
+        if step % 4 == 3:  # the list moves: a few names leave, a few come back
+            asked = asked[rng.randint(1, 3) :]
+            asked += [n for n in rng.sample(every, 3) if n not in asked]
+        for pod in _pods()[:5]:
+            raw = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": asked}).encode()
+            plain = _service(config, cluster).filter(json.loads(raw))
+            reply = routes["/filter"](raw)
+            assert reply == compact_json(plain)
+            passed = json.loads(reply)["NodeNames"] or []
+            assert passed == sorted(passed)
+        _bind(cluster, warm, rng.choice(every), rng.choice((WholeGpus(1), GpuShare(25, 8192))), f"m{step}")
+
+
+def test_the_same_names_in_another_order_reuse_the_answer_without_placing_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Asked again with the names shuffled and nothing changed: the same outcome object, and
+    no node is placed again; with two names added, only those two are placed."""
+    import extender.decisions as decisions
+
+    config = ExtenderConfig()
+    cluster = _fleet(config, nodes=30)
+    service = _service(config, cluster)
+    names = [f"node-{i:03d}" for i in range(28)]
+    body = {"Pod": gpu_pod("again", gpus=1)}
+    first = service.filter({**body, "NodeNames": names})
+    log = service.decisions_for("ml", "again")
+    outcome = log.filtered if log is not None else None
+    placed: list[str] = []
+    real_place = decisions.place
+    monkeypatch.setattr(
+        decisions, "place", lambda state, *a: placed.append(state.name) or real_place(state, *a)
+    )
+    shuffled = list(reversed(names))
+    again = service.filter({**body, "NodeNames": shuffled})
+    log = service.decisions_for("ml", "again")
+    assert again == first and placed == []
+    assert log is not None and log.filtered is outcome
+    service.filter({**body, "NodeNames": [*shuffled, "node-028", "node-029"]})
+    assert sorted(placed) == ["node-028", "node-029"]

@@ -88,6 +88,55 @@ def test_a_bad_content_length_is_refused(server: VerbsServer) -> None:
         assert raw.recv(4096).startswith(b"HTTP/1.1 400")
 
 
+def _exchange(server: VerbsServer, request: bytes) -> bytes:
+    """Everything the server sends back for `request` until it closes the connection."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw:
+        raw.sendall(request)
+        got = b""
+        while chunk := raw.recv(4096):
+            got += chunk
+        return got
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"POST /echo\r\n\r\n", b"400"),  # no version
+        (b"POST /echo HTTP/2.0\r\nContent-Length: 0\r\n\r\n", b"505"),
+        (b"POST /echo HTTP/1.1\r\nno colon here\r\n\r\n", b"400"),
+        (b"POST /echo HTTP/1.1\r\n Folded: header\r\n\r\n", b"400"),
+        (b"POST /echo HTTP/1.1\r\n" + b"X-A: b\r\n" * 101 + b"\r\n", b"431"),
+        (b"POST /echo HTTP/1.1\r\nX-Long: " + b"a" * 70000 + b"\r\n\r\n", b"431"),
+    ],
+    ids=["no-version", "http-2", "no-colon", "folded", "too-many-headers", "line-too-long"],
+)
+def test_malformed_requests_get_the_standard_refusal_and_a_closed_connection(
+    server: VerbsServer, request_bytes: bytes, status: bytes
+) -> None:
+    """The request line and headers are read by our own small parser: what it cannot take gets
+    the status the standard library would give, and the connection ends."""
+    answer = _exchange(server, request_bytes)
+    assert answer.split(b" ", 2)[1] == status
+
+
+def test_connection_close_and_header_names_in_any_case_are_honoured(server: VerbsServer) -> None:
+    """`connection: close` ends the connection after the answer; `content-LENGTH` frames the
+    body; an HTTP/1.0 request without keep-alive is answered and closed."""
+    answer = _exchange(server, b"POST /echo HTTP/1.1\r\ncontent-LENGTH: 4\r\nconnection: close\r\n\r\nabcd")
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"length": 4}')
+    answer = _exchange(server, b"POST /echo HTTP/1.0\r\nContent-Length: 2\r\n\r\nab")
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"length": 2}')
+
+
+def test_a_client_waiting_for_100_continue_gets_it_before_sending_the_body(server: VerbsServer) -> None:
+    """`Expect: 100-continue`: the server says continue, then reads the body and answers."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw:
+        raw.sendall(b"POST /echo HTTP/1.1\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n")
+        assert raw.recv(4096).startswith(b"HTTP/1.1 100")
+        raw.sendall(b"xyz")
+        assert raw.recv(4096).endswith(b'{"length": 3}')
+
+
 def test_connections_beyond_the_cap_are_closed_at_once(server: VerbsServer) -> None:
     """With the cap reached (two idle connections held), a third is closed without an answer."""
     held = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(2)]
