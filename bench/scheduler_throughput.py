@@ -184,8 +184,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _run(cp: ControlPlane, config: str, pods: int, extender_pid: int = 0) -> tuple[float, int, float]:
-    """(pods/s until all are bound, nodes left with no pod at all, extender CPU ms per pod)."""
+Measured = tuple[float, int, float, float]
+
+
+def _run(cp: ControlPlane, config: str, pods: int, extender_pid: int = 0, standby_pid: int = 0) -> Measured:
+    """(pods/s until all are bound, nodes left with no pod at all, extender CPU ms per pod, CPU ms
+    per pod of a second replica that only follows the cluster: the scheduler never calls it)."""
     core = client.CoreV1Api(cp.api_client())
     for i in range(pods):
         core.create_namespaced_pod(
@@ -208,15 +212,17 @@ def _run(cp: ControlPlane, config: str, pods: int, extender_pid: int = 0) -> tup
     try:
         with profiled(extender_pid):
             cpu_before = cpu_seconds(extender_pid) if extender_pid else 0.0
+            standby_before = cpu_seconds(standby_pid) if standby_pid else 0.0
             started = time.perf_counter()
             cp.start_scheduler(lifted(config))
             placed = _wait_bound(core, listed, pods, started + 900)
             rate = pods / (time.perf_counter() - started)
             cpu_ms = (cpu_seconds(extender_pid) - cpu_before) * 1000 / pods if extender_pid else 0.0
+            standby_ms = (cpu_seconds(standby_pid) - standby_before) * 1000 / pods if standby_pid else 0.0
         nodes = {
             n["metadata"]["name"] for n in json.loads(core.list_node(_preload_content=False).data)["items"]
         }
-        return rate, len(nodes - set(placed)), cpu_ms
+        return rate, len(nodes - set(placed)), cpu_ms, standby_ms
     finally:
         cp.stop_scheduler()
         core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
@@ -266,26 +272,33 @@ def _wait_bound(core: client.CoreV1Api, listed: dict, pods: int, deadline: float
 class Row:
     key: str
     label: str
-    run: Callable[[ControlPlane, int], tuple[float, int, float]]
+    run: Callable[[ControlPlane, int], Measured]
 
 
 def _rows(tls: TlsSet, baseline: Path | None, plain_floor: bool, ours_source: Path) -> list[Row]:
-    def none(cp: ControlPlane, pods: int) -> tuple[float, int, float]:
+    def none(cp: ControlPlane, pods: int) -> Measured:
         return _run(cp, PLAIN_CONFIG.format(kubeconfig=cp.kubeconfig_path), pods)
 
-    def floor(use_tls: bool) -> Callable[[ControlPlane, int], tuple[float, int, float]]:
-        def run(cp: ControlPlane, pods: int) -> tuple[float, int, float]:
+    def floor(use_tls: bool) -> Callable[[ControlPlane, int], Measured]:
+        def run(cp: ControlPlane, pods: int) -> Measured:
             with floor_extender(cp, tls if use_tls else None) as (url, pid):
                 return _run(cp, scheduler_config(cp, url, tls if use_tls else None), pods, pid)
 
         return run
 
-    def ours(source: Path, name: str) -> Callable[[ControlPlane, int], tuple[float, int, float]]:
-        def run(cp: ControlPlane, pods: int) -> tuple[float, int, float]:
+    def ours(source: Path, name: str) -> Callable[[ControlPlane, int], Measured]:
+        def run(cp: ControlPlane, pods: int) -> Measured:
             with our_extender(cp, tls, source, name) as (url, pid):
                 return _run(cp, scheduler_config(cp, url, tls), pods, pid)
 
         return run
+
+    def two_replicas(cp: ControlPlane, pods: int) -> Measured:
+        with (
+            our_extender(cp, tls, ours_source, "ours") as (url, pid),
+            our_extender(cp, tls, ours_source, "ours-standby") as (_, standby),
+        ):
+            return _run(cp, scheduler_config(cp, url, tls), pods, pid, standby)
 
     rows = [
         Row("none", "no extender", none),
@@ -299,6 +312,14 @@ def _rows(tls: TlsSet, baseline: Path | None, plain_floor: bool, ours_source: Pa
         rows.append(Row("floor_plain", "floor extender, plain HTTP", floor(False)))
     rows.append(
         Row("ours", "Linkpack extender, shipped configuration (mutual TLS)", ours(ours_source, "ours"))
+    )
+    rows.append(
+        Row(
+            "replicas",
+            "Linkpack extender, two replicas (the scheduler calls the first; the second follows the "
+            "cluster, as every replica does)",
+            two_replicas,
+        )
     )
     if baseline is not None:
         rows.append(Row("baseline", f"Linkpack extender at {baseline.name}", ours(baseline, "ours-baseline")))
@@ -332,15 +353,18 @@ def measure(
         rates: dict[str, list[float]] = {r.key: [] for r in rows}
         empty: dict[str, list[int]] = {r.key: [] for r in rows}
         cpu: dict[str, list[float]] = {r.key: [] for r in rows}
+        standby: dict[str, list[float]] = {r.key: [] for r in rows}
         for round_no in range(rounds):
             for row in rows:
-                rate, left, cpu_ms = row.run(cp, pods)
+                rate, left, cpu_ms, standby_ms = row.run(cp, pods)
                 rates[row.key].append(rate)
                 empty[row.key].append(left)
                 cpu[row.key].append(cpu_ms)
+                standby[row.key].append(standby_ms)
                 print(
                     f"round {round_no + 1}: {row.key} {rate:.1f} pods/s, {left} empty nodes, "
-                    f"extender {cpu_ms:.1f} CPU ms/pod",
+                    f"extender {cpu_ms:.1f} CPU ms/pod"
+                    + (f", second replica {standby_ms:.1f}" if standby_ms else ""),
                     flush=True,
                 )
         return {
@@ -351,6 +375,7 @@ def measure(
             "rates": rates,
             "empty": empty,
             "cpu": cpu,
+            "standby": standby,
         }
 
 
@@ -359,6 +384,7 @@ def render(r: dict[str, object]) -> str:
     empty: dict[str, list[int]] = r["empty"]  # type: ignore[assignment]
     cpu: dict[str, list[float]] = r["cpu"]  # type: ignore[assignment]
     labels: dict[str, str] = r["labels"]  # type: ignore[assignment]
+    standby: dict[str, list[float]] = r.get("standby") or {}  # type: ignore[assignment]
     rounds = int(r["rounds"])  # type: ignore[call-overload]
 
     def ratio(key: str, to: str) -> str:
@@ -376,19 +402,28 @@ def render(r: dict[str, object]) -> str:
         "| setup | pods/s, median (min-max) | ratio to floor (mutual TLS) | ratio to no extender | extender CPU ms per pod (median) | empty nodes after (median) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
+
+    def cpu_cell(key: str) -> str:
+        own = f"{statistics.median(cpu[key]):.1f}"
+        second = standby.get(key) or []
+        return f"{own} + {statistics.median(second):.1f}" if any(second) else own
+
     for key, values in rates.items():
         lines.append(
             f"| {labels[key]} | {statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f}) | "
             f"{ratio(key, 'floor') if 'floor' in rates and key != 'none' else '-'} | "
             f"{ratio(key, 'none') if 'none' in rates else '-'} | "
-            f"{statistics.median(cpu[key]):.1f} | {int(statistics.median(empty[key]))} |"
+            f"{cpu_cell(key)} | {int(statistics.median(empty[key]))} |"
         )
     lines += [
         "",
         "Targets: ours at least 0.9 of the floor (mutual TLS) in the same run, aiming at 0.6 of the "
         'plain scheduler. "Extender CPU ms per pod" is the extender process\'s user + system time '
         "from the scheduler's start until the last pod is bound, divided by the pods: on a shared "
-        "machine it is steadier than the rate.",
+        "machine it is steadier than the rate. With two replicas it is the called replica's plus the "
+        "second's: what one more replica costs while it only follows the watches (each replica runs "
+        "every watch, the reconciler and the ledger's compare-and-swap; kube-scheduler reaches one of "
+        "them per connection through the Service).",
         "",
         "Reproduce: `make bench-extender` (this part: `python -m bench.scheduler_throughput`; "
         "`--baseline-rev REV` adds our extender at an earlier revision as a row, `--profile DIR` "
@@ -428,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-plain-floor", action="store_true", help="skip the plain-HTTP floor row")
     parser.add_argument(
-        "--only", help="comma-separated row keys to run (none,floor,floor_plain,ours,baseline)"
+        "--only", help="comma-separated row keys to run (none,floor,floor_plain,ours,replicas,baseline)"
     )
     parser.add_argument("--profile", type=Path, help="record py-spy samples of our extender here")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md")

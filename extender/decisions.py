@@ -32,6 +32,7 @@ from topology.scoring import (
 )
 
 _MAX_REQUEST_KINDS = 512  # distinct (request, policy) pairs remembered at once
+_LISTS_KEPT = 4  # node lists whose set of names is remembered per request kind
 _MAX_TERMS = 200_000  # scoring terms remembered per request kind (node x pod CPU/memory)
 
 
@@ -63,7 +64,7 @@ class _Memo:
     Everything in it was decided against one learned workload (`workload_version`); a new one
     empties it."""
 
-    __slots__ = ("cuda", "filters", "lock", "outcomes", "rankings", "terms", "workload_version")
+    __slots__ = ("cuda", "filters", "lock", "outcomes", "rankings", "sets", "terms", "workload_version")
 
     def __init__(self, cuda: str = "") -> None:
         self.cuda = cuda  # the CUDA version the request needs of a node's driver ("" any)
@@ -72,6 +73,10 @@ class _Memo:
         self.outcomes: dict[str, tuple[int, Outcome]] = {}
         self.terms: dict[tuple[str, ComputeDemand], tuple[int, RawTerms]] = {}
         self.filters: dict[frozenset[str], FilterMemo] = {}
+        #: the set of names of the last few lists asked, as asked: a list asked again in the same
+        #: order finds its set (and through it its memo) by the list alone, without building and
+        #: comparing a new set of thousands of names
+        self.sets: dict[tuple[str, ...], frozenset[str]] = {}
         self.rankings: dict[
             tuple[ComputeDemand, tuple[str, ...]], tuple[int, list[RawTerms | None], Ranking]
         ] = {}
@@ -83,6 +88,7 @@ class _Memo:
             self.outcomes.clear()
             self.terms.clear()
             self.filters.clear()
+            self.sets.clear()
             self.rankings.clear()
 
 
@@ -142,9 +148,14 @@ class Decider:
         `topology.node_choice.choose_node` picks passes; the others fail naming it. While none
         of the nodes changed, the same (never modified) answer object is handed out again."""
         memo = self._memo(pod.request, pod.policy, pod.cuda_version)
-        names = frozenset(node_names)
+        key = node_names if isinstance(node_names, tuple) else tuple(node_names)
         with memo.lock:
             memo.align(snapshot)
+            names = memo.sets.get(key)
+            if names is None:
+                if len(memo.sets) >= _LISTS_KEPT:
+                    memo.sets.pop(next(iter(memo.sets)))
+                names = memo.sets[key] = frozenset(key)
             found = self._filter(snapshot, memo, pod, names)
             answer = found.current()
             if not pod.decide_node or len(answer.passed) < 2:

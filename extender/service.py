@@ -22,7 +22,6 @@ from extender.config import ExtenderConfig
 from extender.decisions import Decider
 from extender.filter_outcome import FilterOutcome
 from extender.metrics import ExtenderMetrics
-from extender.node_choice_memo import chosen_reason
 from extender.pod_requests import PodRequest, RequestError, read_pod_request, scheduler_mismatch
 from extender.reuse import Reuse
 from extender.wire import (
@@ -37,7 +36,6 @@ from extender.wire import (
     parse_extender_args,
     priority_list,
     priority_list_for,
-    same_value_entries,
     string_map_entries,
 )
 from topology.scoring import Ranking
@@ -89,19 +87,28 @@ class ExtenderService:
     # ------------------------------------------------------------------ verbs
 
     def filter(self, body: object) -> dict[str, Any]:
-        """The ExtenderFilterResult for an ExtenderArgs body (decoded JSON)."""
+        """The ExtenderFilterResult for an ExtenderArgs body (decoded JSON).
+
+        When the pod's policy decided the node, the answer names that node alone: kube-scheduler
+        drops every node an extender's answer leaves out, and it reads the failed nodes' reasons
+        only when no node is left (to say why the pod is pending, and to pick preemption
+        candidates), which a decided pod never reaches. At thousands of nodes the reasons would
+        be most of the reply, for the scheduler to decode on every pod; the explain log
+        (`decisions_for`, /debug) keeps them."""
         decided = self._filter(body)
         if isinstance(decided, dict):
             return decided
         args, outcome = decided
+        if outcome.narrowed_from is not None:
+            return filter_result(args, outcome.passed, {}, {})
         return filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
 
     def filter_json(self, raw: bytes) -> bytes:
         """`compact_json(self.filter(decode_json(raw)))`, the same bytes, for the verbs server.
 
         The decider hands out the same outcome while none of the nodes asked about changed, and
-        then the bytes are the same too; a new outcome reuses the encoding of the parts it
-        shares with earlier ones (the failed nodes of the answer a decided node narrows)."""
+        then the bytes are the same too; a new outcome reuses the encoding of the failed nodes'
+        reasons it shares with earlier ones."""
         decided = self._filter(decode_json(raw))
         if isinstance(decided, dict):
             return compact_json(decided)
@@ -150,17 +157,11 @@ class ExtenderService:
             return args, outcome
 
     def _encoded(self, outcome: FilterOutcome) -> bytes:
-        base = outcome.narrowed_from
-        if base is None:
-            failed = [self._entries(outcome.failed)]
-        else:
-            others = dict.fromkeys(base.passed)
-            del others[outcome.passed[0]]
-            failed = [
-                self._entries(base.failed),
-                same_value_entries(others, chosen_reason(outcome.passed[0])),
-            ]
-        return filter_result_json(outcome.passed, failed, self._entries(outcome.unresolvable))
+        if outcome.narrowed_from is not None:  # a decided node: named alone (see `filter`)
+            return filter_result_json(outcome.passed, "", "")
+        return filter_result_json(
+            outcome.passed, self._entries(outcome.failed), self._entries(outcome.unresolvable)
+        )
 
     def _entries(self, mapping: dict[str, str]) -> str:
         """`string_map_entries(mapping)`, remembered while the (never modified) dict is in use."""

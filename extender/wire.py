@@ -7,9 +7,8 @@ case-insensitively, and so do we. Requests become frozen values here; answers ar
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from json.encoder import encode_basestring_ascii
 from typing import Any
 
 MAX_EXTENDER_PRIORITY = 10
@@ -149,25 +148,16 @@ def string_map_entries(mapping: Mapping[str, str]) -> str:
     return json.dumps(mapping, separators=(",", ":"))[1:-1]
 
 
-def same_value_entries(names: Iterable[str], value: str) -> str:
-    """`string_map_entries(dict.fromkeys(names, value))` for distinct names, in one join."""
-    quoted = list(map(encode_basestring_ascii, names))
-    if not quoted:
-        return ""
-    separator = ":" + encode_basestring_ascii(value) + ","
-    return separator.join(quoted) + separator[:-1]
-
-
-def filter_result_json(passed: Sequence[str], failed: Sequence[str], unresolvable: str) -> bytes:
-    """`compact_json(filter_result(...))` for a names request with no error, from FailedNodes'
-    entries in parts (each as `string_map_entries` writes them; empty parts are skipped) and
-    FailedAndUnresolvableNodes' entries: answers with thousands of failed nodes are built from
-    parts encoded once instead of encoding every entry for every call."""
+def filter_result_json(passed: Sequence[str], failed: str, unresolvable: str) -> bytes:
+    """`compact_json(filter_result(...))` for a names request with no error, from the entries of
+    FailedNodes and of FailedAndUnresolvableNodes as `string_map_entries` writes them: answers
+    with thousands of failed nodes reuse entries encoded once instead of encoding every entry for
+    every call."""
     return (
         '{"Nodes":null,"NodeNames":'
         + json.dumps(list(passed), separators=(",", ":"))
         + ',"FailedNodes":{'
-        + ",".join(part for part in failed if part)
+        + failed
         + '},"FailedAndUnresolvableNodes":{'
         + unresolvable
         + '},"Error":""}'

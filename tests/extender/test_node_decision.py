@@ -48,15 +48,19 @@ def _with_cpu(pod: dict[str, Any], cpu: str, memory: str = "1Gi") -> dict[str, A
 def test_filter_answers_the_one_node_the_ranking_chooses(
     deciding: tuple[ExtenderService, InMemoryCluster],
 ) -> None:
-    """Under a deciding policy filter passes exactly the node `choose_node` ranks first and fails
-    the other fitting node with a reason naming the chosen one."""
+    """Under a deciding policy filter passes exactly the node `choose_node` ranks first and
+    leaves the other fitting node out of the answer (the scheduler drops it); the explain log
+    says it was not chosen, naming the chosen one."""
     service, _ = deciding
     pod = _with_cpu(gpu_pod(gpus=1), "4")
     result = service.filter(filter_args(pod, NODES))
     assert len(result["NodeNames"]) == 1
+    assert result["FailedNodes"] == {} and result["FailedAndUnresolvableNodes"] == {}
     chosen = result["NodeNames"][0]
     other = next(n for n in NODES if n != chosen)
-    assert f"linkpack chose node {chosen}" in result["FailedNodes"][other]
+    log = service.decisions_for("ml", pod["metadata"]["name"])
+    assert log is not None and log.filtered is not None
+    assert f"linkpack chose node {chosen}" in log.filtered.failed[other]
     snapshot = service.store.snapshot()
     parsed = read_pod_request(pod, service.config, snapshot.book)
     assert isinstance(parsed, PodRequest) and parsed.decide_node
