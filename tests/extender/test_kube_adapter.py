@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 
 from contract.keys import ledger_name
-from contract.ledger import Ledger
+from contract.ledger import Ledger, encode_ledger
 from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, WatchHandlers
 from extender.config import ExtenderConfig
 from extender.kube import KubeClusterApi
@@ -96,3 +96,39 @@ def test_the_watch_echo_of_our_own_commit_is_not_applied_again() -> None:
     assert applied == []
     sink.apply("MODIFIED", _config_map("n1", "43"))
     assert [ledger.resource_version for ledger in applied] == ["43"]
+
+
+def _two_entry_ledger(version: str) -> Ledger:
+    from contract.allocation import Allocation
+    from contract.ledger import LedgerEntry
+    from topology.scheduling import GpuGrant
+
+    def entry(uid: str, gpu: int, at: float) -> LedgerEntry:
+        grant = GpuGrant(index=gpu, uuid=f"GPU-{gpu}", whole=True)
+        return LedgerEntry(uid, "ml", f"pod-{uid}", Allocation("n1", (grant,)), at)
+
+    return Ledger("n1", (entry("a", 0, 1733126400.25), entry("b", 1, 1733126401.5)), version)
+
+
+def test_a_commit_stored_as_sent_comes_back_as_the_ledger_sent_at_the_new_version(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The API server stores a ConfigMap's data as sent: the committed ledger is the one sent,
+    at the reply's resourceVersion, equal to decoding the reply, without decoding it; data the
+    server changed is decoded from the reply."""
+    import extender.kube as kube
+
+    sent = _two_entry_ledger("41")
+    stored = {**_config_map("n1", "42"), "data": encode_ledger(sent)}
+    decoded = kube.ledger_from_config_map(stored)
+    api = _adapter(ScriptedApi(_reply(200, stored)))
+    monkeypatch.setattr(kube, "ledger_from_config_map", lambda _doc: pytest.fail("decoded again"))
+    committed = api.write_ledger(sent)
+    assert committed == decoded and committed.resource_version == "42"
+    monkeypatch.undo()
+    changed = {**stored, "data": encode_ledger(Ledger("n1", sent.entries[:1]))}
+    api = _adapter(
+        ScriptedApi(_reply(200, {**changed, "metadata": {**changed["metadata"], "resourceVersion": "43"}}))
+    )
+    committed = api.write_ledger(sent)
+    assert committed.entries == sent.entries[:1] and committed.resource_version == "43"
