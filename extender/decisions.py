@@ -145,7 +145,9 @@ class Decider:
         few names places only those). Every bucket of the answer is in name order.
 
         When the pod's policy decides the node (`decideNode`) and several fit, only the one
-        `topology.node_choice.choose_node` picks passes; the others fail naming it. While none
+        `topology.node_choice.choose_node` picks passes; the others fail naming it (for the
+        explain log: the answer on the wire names the chosen node alone, see
+        `ExtenderService.filter`). While none
         of the nodes changed, the same (never modified) answer object is handed out again."""
         memo = self._memo(pod.request, pod.policy, pod.cuda_version)
         key = node_names if isinstance(node_names, tuple) else tuple(node_names)

@@ -108,25 +108,11 @@ class ApiRequests:
         headers = {"Accept": "application/json", "User-Agent": _AGENT, **auth}
         if data is not None:
             headers["Content-Type"] = "application/json"
-        if self._direct is not None:
-            reply = self._direct.urlopen(
-                method,
-                self._prefix + api_path,
-                body=data,
-                headers=headers,
-                timeout=TIMEOUT,
-                preload_content=True,
-                redirect=False,
-            )
+        if self._direct is not None:  # the API server's own pool: a path, no redirects followed
+            send, url, extra = self._direct.urlopen, self._prefix + api_path, {"redirect": False}
         else:
-            reply = self._pool.request(
-                method,
-                self._base + api_path,
-                body=data,
-                headers=headers,
-                timeout=TIMEOUT,
-                preload_content=True,
-            )
+            send, url, extra = self._pool.request, self._base + api_path, {}
+        reply = send(method, url, body=data, headers=headers, timeout=TIMEOUT, preload_content=True, **extra)
         return ApiReply(int(reply.status), bytes(reply.data))
 
     def _credentials(self, fresh: bool) -> dict[str, str]:
