@@ -54,9 +54,7 @@ class FilterMemo:
                 return False
             self.passed.add(name)
             _move(name, self.left, self.joined)
-            self.failed.pop(name, None)
-            self.unresolvable.pop(name, None)
-            self.misfits.pop(name, None)
+            self._forget_misfit(name)
             return True
         if self.misfits.get(name) == result:
             return False
@@ -76,15 +74,18 @@ class FilterMemo:
             if name in self.passed:
                 self.passed.discard(name)
                 _move(name, self.joined, self.left)
-            self.failed.pop(name, None)
-            self.unresolvable.pop(name, None)
-            self.misfits.pop(name, None)
+            self._forget_misfit(name)
         self.names = names
         if gone:
             self.answer = None
         for choice in self.choices.values():
             choice.listed_changes |= gone | added
         return added
+
+    def _forget_misfit(self, name: str) -> None:
+        self.failed.pop(name, None)
+        self.unresolvable.pop(name, None)
+        self.misfits.pop(name, None)
 
     def choice(self, compute: ComputeDemand) -> ChoiceMemo:
         """The node choice remembered for pods of this CPU and memory demand over these names."""

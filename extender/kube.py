@@ -255,17 +255,10 @@ class KubeClusterApi:
             version = meta.get("resourceVersion")
             if isinstance(version, str) and version:
                 return Ledger(sent.node, sent.entries, version)
-        try:
-            return ledger_from_config_map(doc)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ApiError(f"{what}: {exc}") from exc
+        return _decoded_ledger(doc, what)
 
     def _ledger(self, reply: ApiReply, what: str) -> Ledger:
-        doc = self._json(reply, what)
-        try:
-            return ledger_from_config_map(doc)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ApiError(f"{what}: {exc}") from exc
+        return _decoded_ledger(self._json(reply, what), what)
 
     # ------------------------------------------------------------------ reviews (debug access)
 
@@ -448,3 +441,11 @@ class KubeClusterApi:
             h.pod_deleted,
             h.pods_revision,
         )
+
+
+def _decoded_ledger(doc: Any, what: str) -> Ledger:
+    """A ledger from the API server's ConfigMap JSON; ApiError naming the call when malformed."""
+    try:
+        return ledger_from_config_map(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ApiError(f"{what}: {exc}") from exc
