@@ -30,6 +30,8 @@ class Cordons:
 
     def indices(self, gpus: Iterable[tuple[int, str]]) -> frozenset[int]:
         """Indices of the (index, uuid) GPUs that are cordoned."""
+        if not self.uuids:
+            return frozenset()
         return frozenset(index for index, uuid in gpus if self.covers(uuid))
 
     def unknown(self, known_uuids: Iterable[str]) -> tuple[str, ...]:

@@ -34,52 +34,56 @@ def accumulate(
 ) -> tuple[tuple[GpuUsage, ...], tuple[Overcommit, ...]]:
     """Per-GPU usage from `grants` (marked unhealthy and cordoned as given), plus every way in
     which it exceeds a GPU's capacity."""
-    whole = [0] * topology.gpu_count
-    memory = [0] * topology.gpu_count
-    units = [0] * topology.gpu_count
-    sharers = [0] * topology.gpu_count
-    power = [0] * topology.gpu_count
-    migs: list[set[str]] = [set() for _ in topology.gpus]
+    count = topology.gpu_count
+    touched: dict[int, list[int]] = {}  # GPU → [whole, memory, units, sharers, power]
+    migs: dict[int, set[str]] = {}
     problems: list[Overcommit] = []
     for grant in grants:
         i = grant.index
-        if not 0 <= i < topology.gpu_count:
-            problems.append(Overcommit(i, f"grant names GPU {i}, the node has {topology.gpu_count}"))
+        if not 0 <= i < count:
+            problems.append(Overcommit(i, f"grant names GPU {i}, the node has {count}"))
             continue
-        power[i] += grant.power_w
+        sums = touched.get(i)
+        if sums is None:
+            sums = touched[i] = [0, 0, 0, 0, 0]
+        sums[4] += grant.power_w
         if grant.whole:
-            whole[i] += 1
+            sums[0] += 1
         elif grant.mig_uuid:
-            if grant.mig_uuid in migs[i]:
+            held = migs.setdefault(i, set())
+            if grant.mig_uuid in held:
                 problems.append(Overcommit(i, f"MIG instance {grant.mig_uuid} granted twice"))
-            migs[i].add(grant.mig_uuid)
+            held.add(grant.mig_uuid)
         else:
-            memory[i] += grant.memory_mib
-            units[i] += grant.units
-            sharers[i] += 1
+            sums[1] += grant.memory_mib
+            sums[2] += grant.units
+            sums[3] += 1
     usage = []
     for i, gpu in enumerate(topology.gpus):
-        shared = memory[i] > 0 or units[i] > 0 or bool(migs[i])
-        if whole[i] > 1 or (whole[i] and shared):
-            problems.append(Overcommit(i, f"GPU {i} held whole {whole[i]}x and shared={shared}"))
-        if gpu.memory_mib and memory[i] > gpu.memory_mib:
-            problems.append(Overcommit(i, f"GPU {i}: {memory[i]} MiB granted of {gpu.memory_mib} MiB"))
-        if units[i] > units_per_gpu:
-            problems.append(Overcommit(i, f"GPU {i}: {units[i]} share units granted of {units_per_gpu}"))
         healthy, held_back = i not in unhealthy, i in cordoned
-        if whole[i] == memory[i] == units[i] == sharers[i] == power[i] == 0 and not migs[i]:
+        sums = touched.get(i)
+        mig = migs.get(i, set())
+        if sums is None or (not any(sums) and not mig):
             usage.append(_IDLE[healthy, held_back])  # equal to the GpuUsage below, shared
             continue
+        whole, memory, units, sharers, power = sums
+        shared = memory > 0 or units > 0 or bool(mig)
+        if whole > 1 or (whole and shared):
+            problems.append(Overcommit(i, f"GPU {i} held whole {whole}x and shared={shared}"))
+        if gpu.memory_mib and memory > gpu.memory_mib:
+            problems.append(Overcommit(i, f"GPU {i}: {memory} MiB granted of {gpu.memory_mib} MiB"))
+        if units > units_per_gpu:
+            problems.append(Overcommit(i, f"GPU {i}: {units} share units granted of {units_per_gpu}"))
         usage.append(
             GpuUsage(
-                whole=whole[i] > 0,
-                memory_used_mib=memory[i],
-                units_used=units[i],
-                mig_used=frozenset(migs[i]),
+                whole=whole > 0,
+                memory_used_mib=memory,
+                units_used=units,
+                mig_used=frozenset(mig),
                 healthy=healthy,
                 cordoned=held_back,
-                sharers=sharers[i],
-                power_used_w=power[i],
+                sharers=sharers,
+                power_used_w=power,
             )
         )
     return tuple(usage), tuple(problems)

@@ -72,3 +72,29 @@ def test_overlapping_pauses_in_two_threads_end_with_the_last() -> None:
     release.set()
     other.join(10)
     assert gc.isenabled()
+
+
+class _Ring:
+    """An object in a reference cycle with itself."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_what_a_pause_made_ages_at_once_and_its_cycles_are_still_collected() -> None:
+    """Objects made during a pause are in the oldest generation when it ends (the young ones are
+    empty, so the next young collections walk nothing of the relist), and a cycle made then is
+    freed by the next full collection."""
+    gc.enable()
+    with collector_paused():
+        kept = [[i] for i in range(1000)]
+        ring = _Ring()
+    assert gc.get_count()[0] == 0
+    young = {id(o) for o in gc.get_objects(generation=0)} | {id(o) for o in gc.get_objects(generation=1)}
+    assert id(kept[0]) not in young and id(kept) not in young
+    alive = {id(o) for o in gc.get_objects(generation=2)}
+    assert id(kept[0]) in alive and id(ring) in alive
+    gone = id(ring)
+    del ring
+    gc.collect()
+    assert gone not in {id(o) for o in gc.get_objects()}

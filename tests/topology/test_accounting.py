@@ -55,3 +55,46 @@ def test_idle_gpus_share_one_usage_value_per_marking() -> None:
     assert usage[0] is usage[1] and usage[0] == GpuUsage()
     assert usage[5] == GpuUsage(healthy=False) and usage[6] == GpuUsage(cordoned=True)
     assert usage[2] == GpuUsage(whole=True)
+
+
+def _summed_directly(held: list[GpuGrant], units_per_gpu: int) -> tuple[tuple[GpuUsage, ...], set[str]]:
+    """Each GPU's usage summed straight from the grants, and the overcommits' texts."""
+    usage, problems = [], set()
+    for i, gpu in enumerate(H100.gpus):
+        mine = [g for g in held if g.index == i]
+        whole = sum(1 for g in mine if g.whole)
+        shares = [g for g in mine if not g.whole and not g.mig_uuid]
+        migs = [g.mig_uuid for g in mine if not g.whole and g.mig_uuid]
+        memory, units = sum(g.memory_mib for g in shares), sum(g.units for g in shares)
+        if len(set(migs)) < len(migs):
+            problems.update(f"MIG instance {m} granted twice" for m in migs if migs.count(m) > 1)
+        shared = memory > 0 or units > 0 or bool(migs)
+        if whole > 1 or (whole and shared):
+            problems.add(f"GPU {i} held whole {whole}x and shared={shared}")
+        if memory > gpu.memory_mib:
+            problems.add(f"GPU {i}: {memory} MiB granted of {gpu.memory_mib} MiB")
+        if units > units_per_gpu:
+            problems.add(f"GPU {i}: {units} share units granted of {units_per_gpu}")
+        usage.append(
+            GpuUsage(
+                whole=whole > 0,
+                memory_used_mib=memory,
+                units_used=units,
+                mig_used=frozenset(migs),
+                sharers=len(shares),
+                power_used_w=sum(g.power_w for g in mine),
+            )
+        )
+    problems.update(f"grant names GPU {g.index}, the node has 8" for g in held if not 0 <= g.index < 8)
+    return tuple(usage), problems
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(grants)
+def test_usage_and_overcommits_are_the_grants_summed_per_gpu(held: list[GpuGrant]) -> None:
+    """Random grants, some beyond capacity, some naming GPUs the node lacks, some MIG instances
+    granted twice: each GPU's usage is its grants summed, and every overcommit is reported."""
+    usage, problems = accumulate(H100, held, 100)
+    expected_usage, expected_problems = _summed_directly(held, 100)
+    assert usage == expected_usage
+    assert {p.detail for p in problems} == expected_problems
