@@ -42,7 +42,8 @@ CPU and memory before and after the pod and a workload with CPU shapes (the exte
 node and pod watches and `topology.workload_learning`) passes them as `NodeResourcesContext`,
 and the delta then counts idle GPUs left on a node too short of CPU or memory for the typical
 pods. With the node's CPU capacity it also gives how much the pod moves the node's CPU and
-GPUs apart (`RawTerms.imbalance`), which `topology.node_choice` ranks by when the extender decides the
+GPUs apart (`RawTerms.imbalance`) and how far its CPU falls short of its free GPUs after the pod
+(`RawTerms.cpu_short`), which `topology.node_choice` ranks by when the extender decides the
 node itself.
 """
 
@@ -143,6 +144,7 @@ class RawTerms:
     fragmentation: float = 0.5
     link_relative: bool = False
     imbalance: float = 0.0  # the pod's change of |free CPU share - free GPU share| (0: CPU unknown)
+    cpu_short: float = 0.0  # free GPU share - free CPU share after the pod, if positive (0: CPU unknown)
 
 
 def pair_preserved(before: NodeState, placement: Placement) -> float:
@@ -217,6 +219,17 @@ def cpu_gpu_imbalance(free_cpu_milli: int, cpu_capacity_milli: int, gpu_utilisat
     return abs(steps / CPU_SHARE_STEPS - (1.0 - gpu_utilisation))
 
 
+def cpu_shortfall(free_cpu_milli: int, cpu_capacity_milli: int, gpu_utilisation: float) -> float:
+    """How far a node's free CPU share falls short of its free GPU share (0 when it does not).
+
+    One-sided: GPUs left free beside too little CPU may go unused, CPU left beside used-up GPUs
+    costs no GPU. The free CPU share is rounded down to whole percent (`CPU_SHARE_STEPS`)."""
+    if cpu_capacity_milli <= 0:
+        return 0.0
+    steps = max(0, min(CPU_SHARE_STEPS, CPU_SHARE_STEPS * free_cpu_milli // cpu_capacity_milli))
+    return max(0.0, (1.0 - gpu_utilisation) - steps / CPU_SHARE_STEPS)
+
+
 def imbalance_change(
     free_cpu_milli_before: int,
     free_cpu_milli_after: int,
@@ -247,7 +260,8 @@ def node_terms(
 
     `resources` (optional) gives the node's free CPU and memory before and after the pod and a
     typical workload; the fragmentation delta then counts CPU and memory against that workload
-    and `fragmentation` is not used; with the node's CPU capacity it also gives `imbalance`.
+    and `fragmentation` is not used; with the node's CPU capacity it also gives `imbalance` and
+    `cpu_short`.
     """
     s = placement.score
     multi = isinstance(request, WholeGpus) and request.count > 1
@@ -265,7 +279,7 @@ def node_terms(
         ) - node_state_fragmentation(state, r.workload, r.free_cpu_milli_before, r.free_memory_mib_before)
     util_before, util_after = utilisation(state), utilisation(after)
     packing = packing_term(util_before, util_after, policy)
-    imbalance = 0.0
+    imbalance = cpu_short = 0.0
     if (
         resources is not None
         and resources.cpu_capacity_milli
@@ -279,6 +293,7 @@ def node_terms(
             util_before,
             util_after,
         )
+        cpu_short = cpu_shortfall(resources.free_cpu_milli_after, resources.cpu_capacity_milli, util_after)
     return RawTerms(
         node=state.name,
         link=link,
@@ -288,6 +303,7 @@ def node_terms(
         fragmentation=fragmentation_term(delta),
         link_relative=multi,
         imbalance=imbalance,
+        cpu_short=cpu_short,
     )
 
 

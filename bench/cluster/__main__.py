@@ -187,8 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "`topology.node_choice` over `topology.scoring.node_terms` given each node's free CPU and memory "
         "before and after the pod and its CPU capacity (the extender has them from its node and pod "
         "watches): FGD's fragmentation delta against the learned workload in steps of 80 milli-GPU, then "
-        "how much the pod moves the node's CPU and GPUs apart in 5 bands, then (multi-GPU pods) the ring "
-        "bottleneck, "
+        "how much the pod moves the node's CPU and GPUs apart in 3 bands (5 for multi-GPU pods), then how "
+        "far its free CPU falls short of its free GPUs after the pod in 5 bands, then (multi-GPU pods) the "
+        "ring bottleneck, "
         "then a fixed order of node names (CRC-32). Topologies are assumed "
         f"(`bench/cluster/topologies.py`: 8xG2/V100 → {wiring_name('G2', 8)}, 8xG3 → "
         f"{wiring_name('G3', 8)}, 2xT4 → {wiring_name('T4', 2)}).",

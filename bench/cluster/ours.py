@@ -22,9 +22,10 @@ over CPU and memory, ties at random).
 
 Speed: the terms of a node depend only on its topology kind and GPU usage (its class), the
 bands of free CPU and memory the workload's needs cut before and after the pod, the whole
-percent of free CPU after the pod and the node's CPU capacity; `place` runs once per (class,
-request) and `node_terms` once per such key and workload version, computed from the first node
-met with that key (any other gives the same terms). tests/bench checks that this equals
+percent of free CPU after the pod, the node's CPU capacity and the pod's CPU request (with the
+free CPU after, it gives the free CPU before); `place` runs once per (class, request) and
+`node_terms` once per such key and workload version, computed from the first node met with
+that key (any other gives the same terms). tests/bench checks that this equals
 running the functions on every node.
 """
 
@@ -288,7 +289,8 @@ class OursPolicy:
                 int(memory_after[row]),
                 int(capacity[row]),
             )
-            terms.append(terms_book.terms_of((k,), int(self.class_of[feasible[row]]), request, free))
+            class_id = int(self.class_of[feasible[row]])
+            terms.append(terms_book.terms_of((k, pod.cpu_milli), class_id, request, free))
         fitting = [t for t in terms if t is not None]
         if not fitting:
             return None
