@@ -209,25 +209,30 @@ def packing_term(util_before: float, util_after: float, policy: Policy) -> float
 CPU_SHARE_STEPS = 100
 
 
+def free_cpu_share(free_cpu_milli: int, cpu_capacity_milli: int) -> float:
+    """A node's free CPU as a share of its capacity (positive), rounded down to whole percent, so
+    equal bands give equal terms."""
+    steps = max(0, min(CPU_SHARE_STEPS, CPU_SHARE_STEPS * free_cpu_milli // cpu_capacity_milli))
+    return steps / CPU_SHARE_STEPS
+
+
 def cpu_gpu_imbalance(free_cpu_milli: int, cpu_capacity_milli: int, gpu_utilisation: float) -> float:
     """|free CPU share - free GPU share| of a node: 0 when both run out together.
 
-    The free CPU share is rounded down to whole percent (`CPU_SHARE_STEPS`)."""
+    The free CPU share is rounded down to whole percent (`free_cpu_share`)."""
     if cpu_capacity_milli <= 0:
         return 0.0
-    steps = max(0, min(CPU_SHARE_STEPS, CPU_SHARE_STEPS * free_cpu_milli // cpu_capacity_milli))
-    return abs(steps / CPU_SHARE_STEPS - (1.0 - gpu_utilisation))
+    return abs(free_cpu_share(free_cpu_milli, cpu_capacity_milli) - (1.0 - gpu_utilisation))
 
 
 def cpu_shortfall(free_cpu_milli: int, cpu_capacity_milli: int, gpu_utilisation: float) -> float:
     """How far a node's free CPU share falls short of its free GPU share (0 when it does not).
 
     One-sided: GPUs left free beside too little CPU may go unused, CPU left beside used-up GPUs
-    costs no GPU. The free CPU share is rounded down to whole percent (`CPU_SHARE_STEPS`)."""
+    costs no GPU. The free CPU share is rounded down to whole percent (`free_cpu_share`)."""
     if cpu_capacity_milli <= 0:
         return 0.0
-    steps = max(0, min(CPU_SHARE_STEPS, CPU_SHARE_STEPS * free_cpu_milli // cpu_capacity_milli))
-    return max(0.0, (1.0 - gpu_utilisation) - steps / CPU_SHARE_STEPS)
+    return max(0.0, (1.0 - gpu_utilisation) - free_cpu_share(free_cpu_milli, cpu_capacity_milli))
 
 
 def imbalance_change(
