@@ -58,8 +58,8 @@ bench: bench-placement bench-cluster bench-extender
 clean:
 	rm -rf $(VENV) build node_agent/deviceplugin/_generated
 
-# The CUDA driver-API interposer (LD_PRELOAD) for share containers; see node_agent/interposer/README.md.
-INTERPOSER_SRC := $(wildcard node_agent/interposer/*.c)
+# The CUDA driver-API interposer (LD_PRELOAD) for share containers; see node_agent/sharing/interposer/README.md.
+INTERPOSER_SRC := $(wildcard node_agent/sharing/interposer/*.c)
 INTERPOSER_BUILD ?= build/interposer
 # glibc 2.34 folded libdl and libpthread into libc; naming their stubs (where this C library has them)
 # keeps the library loadable in containers with an older glibc, where they are separate.
@@ -67,7 +67,7 @@ INTERPOSER_COMPAT = $(filter /%,$(shell $(CC) -print-file-name=libdl.so.2) $(she
 
 interposer: $(INTERPOSER_BUILD)/liblinkpack_cuda.so
 
-$(INTERPOSER_BUILD)/liblinkpack_cuda.so: $(INTERPOSER_SRC) $(wildcard node_agent/interposer/*.h)
+$(INTERPOSER_BUILD)/liblinkpack_cuda.so: $(INTERPOSER_SRC) $(wildcard node_agent/sharing/interposer/*.h)
 	mkdir -p $(INTERPOSER_BUILD)
 	$(CC) -O2 -fPIC -shared -Wall -Wextra -Werror -fvisibility=hidden -Wl,-Bsymbolic-functions \
 		-Wl,-soname,liblinkpack_cuda.so -o $@ $(INTERPOSER_SRC) -Wl,--no-as-needed $(INTERPOSER_COMPAT) -ldl -lpthread

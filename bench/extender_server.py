@@ -22,11 +22,11 @@ from typing import Any
 def _load(path: str) -> Any:
     from contract.ledger import ledger_from_config_map
     from extender.config import ExtenderConfig
-    from extender.in_memory_cluster import InMemoryCluster
-    from extender.translate import node_facts, read_gpu_topology
+    from extender.kube.in_memory import InMemoryCluster
+    from extender.kube.translate import node_facts, read_gpu_topology
 
     try:  # as the watches' relist does (an earlier revision: the collector stays on)
-        from extender.gc_pause import collector_paused
+        from extender.kube.gc_pause import collector_paused
     except ImportError:
         collector_paused = contextlib.nullcontext
 
@@ -48,14 +48,14 @@ def _load(path: str) -> Any:
 
 def _serve(service: Any, port: int) -> None:
     try:
-        from extender.verbs import verb_routes
+        from extender.serving.verbs import verb_routes
     except ImportError:
         try:  # an earlier revision: the routes next to the FastAPI apps
-            from extender.app import verb_routes
+            from extender.serving.app import verb_routes
         except ImportError:  # earlier still: the verbs on FastAPI + uvicorn
             _serve_fastapi(service, port)
             return
-    from extender.verbs_server import VerbsServer
+    from extender.serving.verbs_server import VerbsServer
 
     VerbsServer(verb_routes(service), "127.0.0.1", port, None).start()
 
@@ -63,7 +63,7 @@ def _serve(service: Any, port: int) -> None:
 def _serve_fastapi(service: Any, port: int) -> None:
     import uvicorn
 
-    from extender.app import create_app
+    from extender.serving.app import create_app
 
     server = uvicorn.Server(
         uvicorn.Config(

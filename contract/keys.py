@@ -39,7 +39,7 @@ INTERPOSER_ANNOTATION = "linkpack.io/interposer"
 #: GPU UUIDs an operator keeps out of new placements, `contract.cordons`.
 CORDON_ANNOTATION = "linkpack.io/cordoned-gpus"
 #: The node labels the node agent set and the values it set them to (JSON object), so that it
-#: changes and removes only its own (`node_agent.node_labels`).
+#: changes and removes only its own (`node_agent.loop.node_labels`).
 MANAGED_LABELS_ANNOTATION = "linkpack.io/managed-labels"
 
 # Node labels the node agent sets (beside the NVIDIA GPU Feature Discovery ones it shares).

@@ -23,10 +23,10 @@ from demo.cluster import DemoNode, build_cluster
 from demo.real_cluster import DEMO_SCHEDULER, RealClusterPods
 from demo.report import Outcome, render_report
 from demo.workload import pod_stream
-from extender.app import create_app
 from extender.config import ExtenderConfig
-from extender.kube import KubeClusterApi, load_client
+from extender.kube.client import KubeClusterApi, load_client
 from extender.service import ExtenderService, handlers_for
+from extender.serving.app import create_app
 
 
 class PodTarget(Protocol):

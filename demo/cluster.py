@@ -11,9 +11,9 @@ import json
 from dataclasses import dataclass, replace
 
 from extender.config import ExtenderConfig
-from extender.in_memory_cluster import InMemoryCluster
-from extender.snapshot import NodeFacts
-from extender.translate import read_gpu_topology
+from extender.kube.in_memory import InMemoryCluster
+from extender.kube.translate import read_gpu_topology
+from extender.state.snapshot import NodeFacts
 from node_agent.sources.discovery import discover
 from node_agent.sources.nvml_simulated import SimulatedNvml, simulated_uuid
 from topology.catalog import load_machine

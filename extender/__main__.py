@@ -1,6 +1,6 @@
 """`python -m extender`: the scheduler extender against a real cluster.
 
-Three servers in one process (see `extender.app`): the verbs over mutual TLS, the debug
+Three servers in one process (see `extender.serving.app`): the verbs over mutual TLS, the debug
 endpoints over TLS for callers with an RBAC permission, health and metrics in plain HTTP.
 """
 
@@ -15,14 +15,14 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from extender.cluster_api import AccessReviewer, ApiError
+from extender.binding.reconciler import run_reconciler
 from extender.config import TLS_VARIABLES, ConfigError, ExtenderConfig, TlsFiles, config_from_env
-from extender.debug_access import DebugAccess
-from extender.kube import KubeClusterApi, load_client
-from extender.reconciler import run_reconciler
+from extender.debug.access import DebugAccess
+from extender.kube.client import KubeClusterApi, load_client
 from extender.service import ExtenderService, handlers_for
-from extender.verbs import verb_routes
-from extender.verbs_server import VerbsServer, server_tls
+from extender.serving.verbs import verb_routes
+from extender.serving.verbs_server import VerbsServer, server_tls
+from extender.state.cluster_api import AccessReviewer, ApiError
 
 if TYPE_CHECKING:
     import uvicorn
@@ -53,13 +53,13 @@ def check_tls(tls: TlsFiles | None) -> TlsFiles:
 def servers(
     service: ExtenderService, reviewer: AccessReviewer, config: ExtenderConfig, tls: TlsFiles, log_level: str
 ) -> list[VerbsServer | uvicorn.Server]:
-    """The verbs (mutual TLS, `extender.verbs_server`), debug (TLS) and ops (plain) servers.
+    """The verbs (mutual TLS, `extender.serving.verbs_server`), debug (TLS) and ops (plain) servers.
 
     FastAPI and uvicorn (the debug and ops apps) are imported here, after the watches started:
     their import overlaps the first lists instead of coming before them."""
     import uvicorn
 
-    from extender.app import create_debug_app, create_ops_app
+    from extender.serving.app import create_debug_app, create_ops_app
 
     verbs = VerbsServer(
         verb_routes(service),

@@ -1,7 +1,7 @@
 """The extender's verbs as plain methods: parse the body, decide, record, answer.
 
 Each verb takes one cluster snapshot at its start and decides on it alone. The methods are
-plain (blocking, CPU-bound) functions: `extender.app` runs them on a thread pool, never on
+plain (blocking, CPU-bound) functions: `extender.serving.app` runs them on a thread pool, never on
 the event loop, and its route handlers are one line each over this class.
 """
 
@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract.pods import pod_ref
-from extender.binder import Binder
-from extender.cluster_api import ClusterApi, WatchHandlers
-from extender.cluster_store import ClusterStore
+from extender.binding.binder import Binder
 from extender.config import ExtenderConfig
-from extender.decisions import Decider
-from extender.filter_outcome import FilterOutcome
 from extender.metrics import ExtenderMetrics
-from extender.pod_requests import PodRequest, RequestError, read_pod_request, scheduler_mismatch
-from extender.reuse import Reuse
+from extender.placing.decisions import Decider
+from extender.placing.filter_outcome import FilterOutcome
+from extender.placing.reuse import Reuse
+from extender.state.cluster_api import ClusterApi, WatchHandlers
+from extender.state.pod_requests import PodRequest, RequestError, read_pod_request, scheduler_mismatch
+from extender.state.store import ClusterStore
 from extender.wire import (
     ExtenderArgs,
     WireError,

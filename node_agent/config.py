@@ -23,8 +23,8 @@ from contract.resources import (
 )
 from node_agent.deviceplugin.paths import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
 from node_agent.health import Severity
-from node_agent.interposer_lib import DEFAULT_INTERPOSER_LIB
-from node_agent.mps import DEFAULT_MPS_CONTROL, DEFAULT_MPS_LOG_DIR, DEFAULT_MPS_PIPE_DIR
+from node_agent.sharing.interposer_delivery import DEFAULT_INTERPOSER_LIB
+from node_agent.sharing.mps import DEFAULT_MPS_CONTROL, DEFAULT_MPS_LOG_DIR, DEFAULT_MPS_PIPE_DIR
 from node_agent.sources.nvml_reader import parse_cuda_version
 from node_agent.sources.nvml_simulated import SimulatedNvml
 from node_agent.sources.simulated_mig import MigLayoutError
@@ -65,7 +65,7 @@ class AgentConfig:
     pod_resources_socket: str | None = DEFAULT_POD_RESOURCES_SOCKET  # None: no check against it
     units_per_gpu: int = DEFAULT_UNITS_PER_GPU
     shim_host_dir: str | None = DEFAULT_SHIM_HOST_DIR  # None: shares get no framework shim
-    mps_pipe_dir: str | None = None  # the MPS control daemon's pipe directory (`node_agent.mps`)
+    mps_pipe_dir: str | None = None  # the MPS control daemon's pipe directory (`node_agent.sharing.mps`)
     mps_supervise: bool = False  # run and watch the MPS control daemon (`--mps`)
     mps_control: str = DEFAULT_MPS_CONTROL  # the control binary the supervisor runs
     mps_log_dir: str = DEFAULT_MPS_LOG_DIR  # CUDA_MPS_LOG_DIRECTORY of the supervised daemon
@@ -73,8 +73,8 @@ class AgentConfig:
     interposer_lib: str | None = DEFAULT_INTERPOSER_LIB  # the CUDA interposer to install; None: none
     gpu_state_dir: str | None = DEFAULT_GPU_STATE_DIR  # shared by share containers (interposer priority)
     resources: ResourceNames = field(default_factory=ResourceNames)  # names pods ask for GPUs by
-    node_labels: bool = True  # keep the node's GPU labels (`node_agent.node_labels`)
-    set_power_limits: bool = False  # hold GPUs at their pods' power budgets (`node_agent.power`)
+    node_labels: bool = True  # keep the node's GPU labels (`node_agent.loop.node_labels`)
+    set_power_limits: bool = False  # hold GPUs at their pods' power budgets (`node_agent.loop.power`)
     simulate_driver: str | None = None  # the simulated driver's version (simulate mode only)
     simulate_cuda: str | None = None  # the CUDA version the simulated driver runs, MAJOR.MINOR
     #: simulated GPUs started in MIG mode: GPU index -> its instances' profiles (`--simulate-mig`)

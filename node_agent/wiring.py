@@ -18,18 +18,22 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from node_agent.agent_http import serve_http
-from node_agent.agent_loop import Agent
 from node_agent.config import AgentConfig, parse_args
 from node_agent.deviceplugin.container_spec import SharingConfig
+from node_agent.deviceplugin.plugin_host import DevicePluginHost, DevicePluginSettings, prepare_shim
+from node_agent.deviceplugin.pod_records import KubePodRecords
 from node_agent.deviceplugin.server import PluginConfig
-from node_agent.interposer_lib import interposer_installed, prepare_gpu_state_dir, prepare_interposer
-from node_agent.kube import KubeError, NodeApi
-from node_agent.kube_client import KubernetesNodeApi
+from node_agent.kube.client import KubernetesNodeApi
+from node_agent.kube.node_api import KubeError, NodeApi
+from node_agent.loop.agent_http import serve_http
+from node_agent.loop.agent_loop import Agent
 from node_agent.metrics import AgentMetrics
-from node_agent.mps import MpsSettings, MpsSupervisor
-from node_agent.plugin_host import DevicePluginHost, DevicePluginSettings, prepare_shim
-from node_agent.pod_records import KubePodRecords
+from node_agent.sharing.interposer_delivery import (
+    interposer_installed,
+    prepare_gpu_state_dir,
+    prepare_interposer,
+)
+from node_agent.sharing.mps import MpsSettings, MpsSupervisor
 from node_agent.sources.discovery import DiscoveryError
 from node_agent.sources.opening import open_sources
 from node_agent.sources.simulated_mig import MigLayoutError

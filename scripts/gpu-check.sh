@@ -84,7 +84,7 @@ finally:
 EOF
 
 # ================================================================================================
-# CUDA interposer checks on a real GPU (node_agent/interposer, "enforced fractional isolation").
+# CUDA interposer checks on a real GPU (node_agent/sharing/interposer, "enforced fractional isolation").
 #
 # A separate block: it runs only where a GPU answers nvidia-smi and a C compiler and make exist,
 # each check only where its own tools exist (PyTorch with CUDA, JAX on the GPU), and it does not

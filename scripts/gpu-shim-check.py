@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Real-GPU check of Linkpack's framework shim (node_agent/shim) with PyTorch and, if present, JAX.
+"""Real-GPU check of Linkpack's framework shim (node_agent/sharing/shim) with PyTorch and, if present, JAX.
 
 Run from the repository root on a machine with an NVIDIA GPU and torch built with CUDA:
 
@@ -23,7 +23,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-SHIM_DIR = Path(__file__).resolve().parent.parent / "node_agent" / "shim"
+SHIM_DIR = Path(__file__).resolve().parent.parent / "node_agent" / "sharing" / "shim"
 
 TORCH_CHILD = """
 import json, os, sys

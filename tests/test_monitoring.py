@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.stale_entries import StaleReason
+from extender.state.stale_entries import StaleReason
 
 ROOT = Path(__file__).resolve().parents[1]
 MONITORING = ROOT / "manifests" / "monitoring"

@@ -5,7 +5,7 @@ Every openb node gets a topology (`bench.cluster.topologies`) and a `topology.sc
 The run keeps a `topology.workload_learning.WorkloadLearner` fed with every arriving pod before
 it is scheduled, as the extender's store is fed by its pod watch. For a GPU pod, on every node
 that passed the simulator's shared filter (CPU, memory, GPU model, GPU fit: the same for every
-policy), exactly what `extender.decisions.Decider` does under the extender's default policy
+policy), exactly what `extender.placing.decisions.Decider` does under the extender's default policy
 (`ExtenderConfig().policy(None)`, which decides the node):
 
 - filter: `topology.placement.place(state, request, policy, workload)` with the learned

@@ -21,7 +21,13 @@ from typing import Literal
 from contract.allocation import Allocation, Consumption
 from contract.handoff import NodeHolds
 from contract.pods import PodRef
-from node_agent.deviceplugin.allocator import (
+from node_agent.deviceplugin.container_spec import ContainerSpec, SharingConfig, container_spec
+from node_agent.deviceplugin.holds import kubelet_active, kubelet_holding, node_holds, report_holds
+from node_agent.deviceplugin.inventory import Inventory
+from node_agent.deviceplugin.reconcile import KubeletAssignment, Reconciliation, Rewrite, reconcile
+from node_agent.deviceplugin.record_store import BoundPod, PodRecordStore, RecordStoreError
+from node_agent.deviceplugin.records import PodRecord, RecordProblem, read_records
+from node_agent.deviceplugin.request_matching import (
     AllocatorState,
     RecordKey,
     candidates,
@@ -35,14 +41,8 @@ from node_agent.deviceplugin.allocator import (
     release_departed,
     resync,
 )
-from node_agent.deviceplugin.container_spec import ContainerSpec, SharingConfig, container_spec
-from node_agent.deviceplugin.holds import kubelet_active, kubelet_holding, node_holds, report_holds
-from node_agent.deviceplugin.inventory import Inventory
-from node_agent.deviceplugin.reconcile import KubeletAssignment, Reconciliation, Rewrite, reconcile
-from node_agent.deviceplugin.record_store import BoundPod, PodRecordStore, RecordStoreError
-from node_agent.deviceplugin.records import PodRecord, RecordProblem, read_records
-from node_agent.interposer_lib import interposer_installed
-from node_agent.mps import mps_active
+from node_agent.sharing.interposer_delivery import interposer_installed
+from node_agent.sharing.mps import mps_active
 
 log = logging.getLogger("linkpack.deviceplugin")
 
@@ -82,7 +82,7 @@ class AllocationBroker:
         holds_refresh_s: float = 5.0,
     ) -> None:
         """`mps_ready`: whether MPS serves this node now, asked at each share handout (default: the
-        configured pipe directory exists, `node_agent.mps`). `kubelet_account`: the kubelet's
+        configured pipe directory exists, `node_agent.sharing.mps`). `kubelet_account`: the kubelet's
         pod-resources List; with it departed pods release at once when the kubelet no longer holds
         them (else after `departure_grace_s`), a request that no record fits is retried after
         such a release, and `holds()` reports what the node holds (`contract.handoff`)."""

@@ -80,7 +80,7 @@ class SharingConfig:
 
     `shim_host_dir`: host directory holding the shim (sitecustomize.py, linkpack_shim.py); None
     leaves the shim out. `mps_pipe_dir`: the MPS control daemon's pipe directory, when one is
-    configured (whether MPS serves is checked at each handout, `node_agent.mps`); `mps_shm_dir`:
+    configured (whether MPS serves is checked at each handout, `node_agent.sharing.mps`); `mps_shm_dir`:
     the host directory the daemon has as /dev/shm, mounted there in its clients (None: not
     mounted). `interposer_host_dir`: host directory holding liblinkpack_cuda.so (whether it is
     there is checked at each handout); `gpu_state_dir`: host directory shared read-write by the

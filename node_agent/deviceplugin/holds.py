@@ -18,9 +18,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from contract.handoff import HeldPod, NodeHolds, sorted_holds
-from node_agent.deviceplugin.allocator import AllocatorState
 from node_agent.deviceplugin.inventory import Inventory, share_unit_gpu
 from node_agent.deviceplugin.reconcile import KubeletAssignment
+from node_agent.deviceplugin.request_matching import AllocatorState
 from topology.scheduling import GpuGrant
 
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 
 from contract.allocation import Allocation, Consumption
 from contract.pods import PodRef
-from node_agent.deviceplugin.allocator import (
+from node_agent.deviceplugin.records import PodRecord, Slot
+from node_agent.deviceplugin.request_matching import (
     AllocatorState,
     Handout,
     RecordHold,
@@ -30,7 +31,6 @@ from node_agent.deviceplugin.allocator import (
     ids_agree,
     rehold,
 )
-from node_agent.deviceplugin.records import PodRecord, Slot
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
 """What the node says about its driver and its GPUs' power, read through `NvmlReader`.
 
 These facts go into the GpuTopology status (`driver_version`, `cuda_driver_version`,
-`gpu_power`), the node's labels (`node_agent.node_labels`) and the power-limit decisions
-(`node_agent.power`). Reading them never raises: what NVML will not tell (not supported, no
+`gpu_power`), the node's labels (`node_agent.loop.node_labels`) and the power-limit decisions
+(`node_agent.loop.power`). Reading them never raises: what NVML will not tell (not supported, no
 permission, a GPU that stopped answering) is unknown ("" or no entry), and the reason is kept
 in `problems` for the log.
 """

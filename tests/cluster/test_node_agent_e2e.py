@@ -46,8 +46,8 @@ from contract.keys import (
 from contract.pod_demand import ContainerRole
 from contract.resources import ResourceNames
 from node_agent.deviceplugin._generated import deviceplugin_pb2 as api
-from node_agent.kube_client import KubernetesNodeApi
-from node_agent.pod_records import KubePodRecords
+from node_agent.deviceplugin.pod_records import KubePodRecords
+from node_agent.kube.client import KubernetesNodeApi
 from tests.cluster.controlplane import REPO_ROOT, ControlPlane, bind_pod, delete_fake_node, free_port
 from tests.cluster.linkpack_env import wait_until
 from tests.cluster.procs import die_with_parent

@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from node_agent.node_labels import LABEL_KEYS
+from node_agent.loop.node_labels import LABEL_KEYS
 from tests.cluster.binaries import Binaries
 from tests.cluster.controlplane import (
     MANIFESTS,
@@ -253,7 +253,7 @@ def test_agent_may_not_change_other_labels_annotations_or_spec_of_its_node(clust
     assert not _core(cluster.admin).read_node(NODE_A).spec.unschedulable
 
 
-#: The labels outside linkpack.io/ the agent sets (node_agent/node_labels.py), with values it could set.
+#: The labels outside linkpack.io/ the agent sets (node_agent/loop/node_labels.py), with values it could set.
 GPU_LABELS = {
     "nvidia.com/gpu.product": "A100-SXM4-40GB",
     "nvidia.com/gpu.count": "8",

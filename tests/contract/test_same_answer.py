@@ -1,8 +1,8 @@
 """The extender and the node agent read the same pods the same way.
 
 Each fixture pod (plain, init, sidecar, sidecar before init, MIG, shares, several containers) is
-read by the extender (`extender.pod_requests`, what it grants) and by the node agent
-(`node_agent.kube.pod_from_dict`, what its device plugin hands out). Both must find the
+read by the extender (`extender.state.pod_requests`, what it grants) and by the node agent
+(`node_agent.kube.node_api.pod_from_dict`, what its device plugin hands out). Both must find the
 fixture's effective request; and the allocation the extender commits for the pod must be one
 the device plugin can cut into the containers' slots, so the kubelet admits the pod.
 """
@@ -20,14 +20,14 @@ from contract.keys import ALLOCATION_ANNOTATION
 from contract.pod_demand import effective_amount
 from contract.resources import ResourceNames
 from extender.config import ExtenderConfig
-from extender.in_memory_cluster import InMemoryCluster
-from extender.pod_requests import PodRequest, read_pod_request
+from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService, handlers_for
-from extender.snapshot import NodeFacts
+from extender.state.pod_requests import PodRequest, read_pod_request
+from extender.state.snapshot import NodeFacts
 from node_agent.deviceplugin.inventory import Inventory
+from node_agent.deviceplugin.pod_records import bound_pod
 from node_agent.deviceplugin.records import split_record
-from node_agent.kube import pod_from_dict
-from node_agent.pod_records import bound_pod
+from node_agent.kube.node_api import pod_from_dict
 from tests.contract.pod_fixtures import CASES, Case
 from topology.catalog import load_machine
 from topology.model import MigDevice, MigMode, NodeTopology

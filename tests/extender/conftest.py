@@ -10,9 +10,9 @@ import pytest
 
 from contract.gpu_topology import as_published
 from extender.config import ExtenderConfig
-from extender.in_memory_cluster import InMemoryCluster
+from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService, handlers_for
-from extender.snapshot import NodeFacts
+from extender.state.snapshot import NodeFacts
 from topology.model import Gpu, GpuLink, LinkKind, NodeTopology
 
 

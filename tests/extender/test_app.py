@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from extender.app import create_app
-from extender.in_memory_cluster import InMemoryCluster
+from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService
+from extender.serving.app import create_app
 
 from .conftest import filter_args, gpu_pod
 
@@ -61,8 +61,8 @@ def test_a_gpu_node_without_topology_record_is_exported(
     service: ExtenderService, cluster: InMemoryCluster
 ) -> None:
     """The alert on nodes without topology reads this gauge; CPU-only nodes never appear in it."""
-    from extender.snapshot import NodeFacts
-    from extender.translate import node_facts
+    from extender.kube.translate import node_facts
+    from extender.state.snapshot import NodeFacts
 
     facts = node_facts(
         {"metadata": {"name": "gpu-orphan"}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}

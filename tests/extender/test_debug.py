@@ -11,12 +11,12 @@ from fastapi.testclient import TestClient
 
 from contract.cordons import Cordons, canonical_gpu_uuid
 from contract.gpu_topology import as_published
-from extender.app import create_app
-from extender.debug.geometry import radial_layout
-from extender.debug_routes import register_debug_routes
-from extender.in_memory_cluster import InMemoryCluster
+from extender.debug.routes import register_debug_routes
+from extender.debug.views.geometry import radial_layout
+from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService
-from extender.snapshot import NodeFacts
+from extender.serving.app import create_app
+from extender.state.snapshot import NodeFacts
 from topology.catalog import load_machine
 from topology.graph import build_graph
 from topology.model import LinkKind
@@ -367,7 +367,7 @@ def test_cordon_junk_reaches_the_node_page_and_the_explanation(
     """An unreadable entry in a node's cordon annotation is shown on its node page and in the
     explanation of a pod filtered against that node, naming the entry."""
     from contract.keys import CORDON_ANNOTATION
-    from extender.translate import node_facts
+    from extender.kube.translate import node_facts
 
     facts = node_facts(
         {"metadata": {"name": "typo-node", "annotations": {CORDON_ANNOTATION: "GPU-7,MIG-abc"}}}

@@ -18,11 +18,11 @@ from matplotlib import image
 
 from contract.cordons import Cordons, canonical_gpu_uuid
 from contract.gpu_topology import as_published
-from extender.app import create_app
-from extender.debug_routes import register_debug_routes
-from extender.in_memory_cluster import InMemoryCluster
+from extender.debug.routes import register_debug_routes
+from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService
-from extender.snapshot import NodeFacts
+from extender.serving.app import create_app
+from extender.state.snapshot import NodeFacts
 from topology.catalog import load_machine
 
 from .browser import BrowserUnavailable, ensure_chromium, run_chromium, serve

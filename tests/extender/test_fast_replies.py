@@ -15,11 +15,11 @@ from contract.compute_demand import ComputeDemand
 from contract.gpu_topology import as_published
 from contract.ledger import Ledger, LedgerEntry
 from extender.config import ExtenderConfig
-from extender.in_memory_cluster import InMemoryCluster
-from extender.reuse import Reuse
+from extender.kube.in_memory import InMemoryCluster
+from extender.placing.reuse import Reuse
 from extender.service import ExtenderService, handlers_for
-from extender.snapshot import NodeFacts
-from extender.verbs import verb_routes
+from extender.serving.verbs import verb_routes
+from extender.state.snapshot import NodeFacts
 from extender.wire import (
     compact_json,
     filter_result,
@@ -201,8 +201,8 @@ def _terms(node: str, frag: float, link: float) -> Any:
 def test_the_remembered_choice_follows_choose_node_as_nodes_change_and_the_best_link_moves() -> None:
     """Random changes to terms, passing nodes and the best ring bottleneck (gained, lost, shared):
     after each, the memo picks what `choose_node` picks over all passing nodes' terms."""
-    from extender.filter_outcome import FilterOutcome
-    from extender.node_choice_memo import ChoiceMemo
+    from extender.placing.filter_outcome import FilterOutcome
+    from extender.placing.node_choice_memo import ChoiceMemo
 
     rng = random.Random(5)
     names = [f"n{i}" for i in range(40)]
@@ -264,7 +264,7 @@ def test_the_same_names_in_another_order_reuse_the_answer_without_placing_again(
 ) -> None:
     """Asked again with the names shuffled and nothing changed: the same outcome object, and
     no node is placed again; with two names added, only those two are placed."""
-    import extender.decisions as decisions
+    import extender.placing.decisions as decisions
 
     config = ExtenderConfig()
     cluster = _fleet(config, nodes=30)

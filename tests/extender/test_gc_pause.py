@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from extender.gc_pause import collector_paused
+from extender.kube.gc_pause import collector_paused
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from contract.gpu_topology import as_published
 from extender.config import ExtenderConfig
-from extender.in_memory_cluster import InMemoryCluster
+from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService, handlers_for
-from extender.snapshot import NodeFacts
+from extender.state.snapshot import NodeFacts
 
 from .conftest import hgx_h100, two_socket_pcie
 

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from contract.ledger import Ledger
-from extender.binder import BindResult, Committed, PendingBind
+from extender.binding.binder import BindResult, Committed, PendingBind
+from extender.binding.group_commit import GroupCommit
 from extender.config import ExtenderConfig
-from extender.group_commit import GroupCommit
-from extender.in_memory_cluster import InMemoryCluster
-from extender.pod_requests import PodRequest, read_pod_request
+from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService, handlers_for
+from extender.state.pod_requests import PodRequest, read_pod_request
 from topology.accounting import accumulate
 
 from .conftest import gpu_pod, hgx_h100

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 from contract.gpu_topology import as_published
 from contract.handoff import HeldPod, NodeHolds
-from extender.in_memory_cluster import InMemoryCluster
-from extender.reconciler import reconcile_once
+from extender.binding.reconciler import reconcile_once
+from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService
 from topology.scheduling import GpuGrant
 

@@ -12,10 +12,10 @@ from kubernetes import client
 
 from contract.keys import ledger_name
 from contract.ledger import Ledger, encode_ledger
-from extender.cluster_api import ApiConflict, ApiError, ApiNotFound, WatchHandlers
 from extender.config import ExtenderConfig
-from extender.kube import KubeClusterApi
-from extender.kube_http import ApiReply
+from extender.kube.api_requests import ApiReply
+from extender.kube.client import KubeClusterApi
+from extender.state.cluster_api import ApiConflict, ApiError, ApiNotFound, WatchHandlers
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -116,7 +116,7 @@ def test_a_commit_stored_as_sent_comes_back_as_the_ledger_sent_at_the_new_versio
     """The API server stores a ConfigMap's data as sent: the committed ledger is the one sent,
     at the reply's resourceVersion, equal to decoding the reply, without decoding it; data the
     server changed is decoded from the reply."""
-    import extender.kube as kube
+    import extender.kube.client as kube
 
     sent = _two_entry_ledger("41")
     stored = {**_config_map("n1", "42"), "data": encode_ledger(sent)}

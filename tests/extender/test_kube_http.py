@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from extender.kube_http import AUTH_REFRESH_S, ApiRequests
+from extender.kube.api_requests import AUTH_REFRESH_S, ApiRequests
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -6,7 +6,7 @@ import pytest
 
 from contract.allocation import Allocation, Enforcement
 from contract.ledger import Ledger, LedgerEntry, LedgerError, decode_ledger, encode_ledger
-from extender.stale_entries import PodFacts, StaleReason, stale_entries
+from extender.state.stale_entries import PodFacts, StaleReason, stale_entries
 from topology.scheduling import GpuGrant
 
 NOW = 10_000.0

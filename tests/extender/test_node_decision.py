@@ -9,13 +9,13 @@ import pytest
 
 from contract.compute_demand import ComputeDemand
 from contract.gpu_topology import as_published
-from extender.cluster_store import ClusterStore
 from extender.config import ExtenderConfig
-from extender.in_memory_cluster import InMemoryCluster
-from extender.pod_requests import PodRequest, read_pod_request
+from extender.kube.in_memory import InMemoryCluster
+from extender.kube.translate import node_facts, tracked_pod
 from extender.service import ExtenderService, handlers_for
-from extender.snapshot import NodeFacts, TrackedPod
-from extender.translate import node_facts, tracked_pod
+from extender.state.pod_requests import PodRequest, read_pod_request
+from extender.state.snapshot import NodeFacts, TrackedPod
+from extender.state.store import ClusterStore
 from topology.fragmentation import PodShape
 from topology.node_choice import choose_node
 

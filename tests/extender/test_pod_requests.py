@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from extender.config import ExtenderConfig
-from extender.pod_requests import PodRequest, RequestError, read_pod_request
+from extender.state.pod_requests import PodRequest, RequestError, read_pod_request
 from topology.scheduling import GpuShare, MigSlice, WholeGpus
 
 from .conftest import gpu_pod

@@ -12,9 +12,9 @@ from contract.allocation import decode_allocation
 from contract.gpu_topology import as_published
 from contract.keys import ALLOCATION_ANNOTATION
 from extender.config import ExtenderConfig
-from extender.in_memory_cluster import InMemoryCluster
+from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService, handlers_for
-from extender.snapshot import NodeFacts
+from extender.state.snapshot import NodeFacts
 
 from .conftest import filter_args, gpu_pod, hgx_h100, two_socket_pcie
 
@@ -138,7 +138,7 @@ def test_explain_says_which_policy_decided_and_why(
     """The explanation names the policy and where it came from (here: the pod's namespace)."""
     from fastapi.testclient import TestClient
 
-    from extender.app import create_app
+    from extender.serving.app import create_app
 
     cluster.put_policy(policy("fabric", topology={"requireNvswitch": True}))
     cluster.set_namespace_policy("ml", "fabric")

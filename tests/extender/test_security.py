@@ -18,12 +18,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from extender.__main__ import check_tls, servers
-from extender.app import create_debug_app
-from extender.cluster_api import Identity
 from extender.config import ConfigError, ExtenderConfig, TlsFiles, config_from_env
-from extender.debug_access import DebugAccess
-from extender.in_memory_cluster import InMemoryCluster
+from extender.debug.access import DebugAccess
+from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService
+from extender.serving.app import create_debug_app
+from extender.state.cluster_api import Identity
 from tests.tls_certs import TlsSet, issue_tls_set
 
 from .conftest import filter_args, gpu_pod

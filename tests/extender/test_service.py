@@ -6,11 +6,11 @@ import threading
 
 from contract.allocation import decode_allocation
 from contract.keys import ALLOCATION_ANNOTATION
-from extender.cluster_api import ApiError
+from extender.binding.reconciler import reconcile_once
 from extender.config import ExtenderConfig
-from extender.in_memory_cluster import InMemoryCluster
-from extender.reconciler import reconcile_once
+from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService, handlers_for
+from extender.state.cluster_api import ApiError
 from topology.accounting import accumulate
 
 from .conftest import filter_args, gpu_pod, hgx_h100
@@ -219,7 +219,7 @@ def test_an_upper_case_cordon_keeps_the_gpu_out_of_placements(config: ExtenderCo
 
     from contract.gpu_topology import as_published
     from contract.keys import CORDON_ANNOTATION
-    from extender.translate import node_facts
+    from extender.kube.translate import node_facts
 
     base = hgx_h100()
     gpus = tuple(replace(g, uuid=f"GPU-da87d0c6-1a2b-3c4d-5e6f-{g.index:012x}") for g in base.gpus)
@@ -245,7 +245,7 @@ def test_the_enforcement_level_follows_what_the_node_publishes(config: ExtenderC
     the same share elsewhere is cooperative; whole GPUs need no enforcement."""
     from contract.allocation import Enforcement
     from contract.gpu_topology import as_published
-    from extender.snapshot import NodeFacts
+    from extender.state.snapshot import NodeFacts
 
     cluster = InMemoryCluster(config)
     cluster.add_node(NodeFacts("mps"), as_published("mps", hgx_h100("m"), mps_active=True))
@@ -270,7 +270,7 @@ def test_shares_get_the_interposer_where_the_node_ships_it_unless_they_opt_out(
     a pod annotated linkpack.io/interposer: off is recorded as cooperative, truthfully weaker."""
     from contract.allocation import Enforcement
     from contract.gpu_topology import as_published
-    from extender.snapshot import NodeFacts
+    from extender.state.snapshot import NodeFacts
 
     cluster = InMemoryCluster(config)
     cluster.add_node(NodeFacts("held"), as_published("held", hgx_h100("h"), interposer_available=True))

@@ -12,9 +12,9 @@ from typing import Any
 
 from contract.allocation import Allocation
 from contract.ledger import LedgerEntry
+from extender.binding.reconciler import reconcile_once
 from extender.config import ExtenderConfig
-from extender.in_memory_cluster import InMemoryCluster
-from extender.reconciler import reconcile_once
+from extender.kube.in_memory import InMemoryCluster
 from extender.service import SYNC_KINDS, ExtenderService, handlers_for
 from topology.accounting import accumulate
 from topology.scheduling import GpuGrant

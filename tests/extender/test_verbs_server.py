@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from extender.service import ExtenderService
-from extender.verbs import verb_routes
-from extender.verbs_server import VerbsServer
+from extender.serving.verbs import verb_routes
+from extender.serving.verbs_server import VerbsServer
 
 from .conftest import filter_args, gpu_pod
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from extender import kube_watch as kube
 from extender.config import ExtenderConfig
+from extender.kube import watch as kube
 
 
 @dataclass

@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contract.gpu_topology import as_published
-from extender.app import create_app
 from extender.config import ExtenderConfig
-from extender.in_memory_cluster import InMemoryCluster
+from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService, handlers_for
-from extender.snapshot import NodeFacts
+from extender.serving.app import create_app
+from extender.state.snapshot import NodeFacts
 from tests.extender.conftest import hgx_h100, two_socket_pcie
 
 pytestmark = pytest.mark.timeout(120)

@@ -10,7 +10,7 @@ import pytest
 from image_build import build
 from image_build.oci import write_layer
 from image_build.spec import ImageSpec
-from node_agent.plugin_host import SHIM_FILES
+from node_agent.deviceplugin.plugin_host import SHIM_FILES
 from tests.image.conftest import run_in_image
 from tests.image.oci_checks import ReadImage, read_archive
 
@@ -79,7 +79,7 @@ def test_the_generated_grpc_stubs_and_the_node_agent_wiring_import(
     protobuf (the generated code checks both versions when imported)."""
     code = (
         "import node_agent.deviceplugin._generated, node_agent.deviceplugin._generated.deviceplugin_pb2_grpc, "
-        "node_agent.deviceplugin._generated.podresources_pb2_grpc, node_agent.wiring, extender.app"
+        "node_agent.deviceplugin._generated.podresources_pb2_grpc, node_agent.wiring, extender.serving.app"
     )
     done = run_in_image(image_root, image, ["python", "-c", code])
     assert done.returncode == 0, done.stderr
@@ -95,7 +95,7 @@ def test_the_interposer_loads_and_the_shim_files_are_there(
     load = f"import ctypes; ctypes.CDLL({spec.interposer!r})"
     done = run_in_image(image_root, image, ["env", "LINKPACK_INTERPOSER=off", "python", "-c", load])
     assert done.returncode == 0, done.stderr
-    shim = site_packages(image_root, spec) / "node_agent" / "shim"
+    shim = site_packages(image_root, spec) / "node_agent" / "sharing" / "shim"
     assert sorted(path.name for path in shim.iterdir() if path.suffix == ".py") == sorted(
         ["__init__.py", *SHIM_FILES]
     )

@@ -16,7 +16,7 @@ import yaml
 from image_build.pipeline import REPO_ROOT, STAGE_IN_ROOT
 from image_build.spec import SpecError, load_spec, parse_spec
 from image_build.stage import IGNORED, source_files
-from node_agent.interposer_lib import DEFAULT_INTERPOSER_LIB
+from node_agent.sharing.interposer_delivery import DEFAULT_INTERPOSER_LIB
 
 SPEC = load_spec()
 

@@ -17,7 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PROGRAMS = HERE / "programs"
-INTERPOSER_SRC = REPO / "node_agent" / "interposer"
+INTERPOSER_SRC = REPO / "node_agent" / "sharing" / "interposer"
 WARNINGS = ["-O2", "-Wall", "-Wextra", "-Werror"]
 
 # variables of the interposer, the fake and the container that must not leak in from the caller

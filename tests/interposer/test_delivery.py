@@ -34,17 +34,17 @@ import pytest
 
 from contract.allocation import ComputePriority, Enforcement
 from node_agent import wiring
-from node_agent.agent_loop import Agent
 from node_agent.config import AgentConfig
 from node_agent.deviceplugin._generated import deviceplugin_pb2 as api
 from node_agent.deviceplugin.broker import AllocationBroker
 from node_agent.deviceplugin.container_spec import SharingConfig
 from node_agent.deviceplugin.inventory import share_unit_id
+from node_agent.deviceplugin.plugin_host import install_shim
 from node_agent.deviceplugin.record_store import InMemoryPodRecords
 from node_agent.deviceplugin.server import DevicePlugins, PluginConfig, start_device_plugins
-from node_agent.interposer_lib import install_interposer, interposer_installed, load_problem
+from node_agent.loop.agent_loop import Agent
 from node_agent.metrics import AgentMetrics
-from node_agent.plugin_host import install_shim
+from node_agent.sharing.interposer_delivery import install_interposer, interposer_installed, load_problem
 from node_agent.sources.nvml_simulated import SimulatedNvml
 from tests.interposer.conftest import Build
 from tests.node_agent.builders import SHARED_GPU, WHOLE_GPU, inventory, pod, share, uuid, whole

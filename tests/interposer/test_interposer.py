@@ -1,4 +1,4 @@
-"""The CUDA driver-API interposer (node_agent/interposer) on a fake libcuda, without a GPU.
+"""The CUDA driver-API interposer (node_agent/sharing/interposer) on a fake libcuda, without a GPU.
 
 Memory: caps on every allocation path, one budget per container across processes, usage of killed
 processes reclaimed. Symbols: wrappers reached through linking, dlsym and cuGetProcAddress. Compute:

@@ -14,7 +14,7 @@ from contract.gpu_topology import (
     encode_status,
     topology_object,
 )
-from node_agent.kube import AgentEvent, KubeConflict, KubeError, KubeNotFound, NodeMetadata, PodInfo
+from node_agent.kube.node_api import AgentEvent, KubeConflict, KubeError, KubeNotFound, NodeMetadata, PodInfo
 from topology.catalog import MACHINES, load_machine, topo_dir
 from topology.codec import content_hash
 from topology.model import NodeTopology

@@ -8,9 +8,9 @@ import urllib.request
 
 import pytest
 
-from node_agent.agent_http import serve_http
-from node_agent.agent_loop import Agent
 from node_agent.config import AgentConfig
+from node_agent.loop.agent_http import serve_http
+from node_agent.loop.agent_loop import Agent
 from node_agent.metrics import AgentMetrics
 from node_agent.sources.nvml_simulated import SimulatedNvml
 from tests.node_agent.machines import FakeClock, FakeNodeApi, machine, topo_text

@@ -10,9 +10,9 @@ import pytest
 
 from contract.allocation import Allocation, Enforcement, encode_allocation
 from contract.keys import ALLOCATION_ANNOTATION, CORDON_ANNOTATION
-from node_agent.agent_loop import Agent
 from node_agent.config import AgentConfig
-from node_agent.kube import PodInfo
+from node_agent.kube.node_api import PodInfo
+from node_agent.loop.agent_loop import Agent
 from node_agent.metrics import AgentMetrics
 from node_agent.sources.nvml_reader import XidEvent
 from node_agent.sources.nvml_simulated import SimulatedNvml

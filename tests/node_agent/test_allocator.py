@@ -12,12 +12,12 @@ from contract.allocation import Enforcement, decode_consumption
 from contract.keys import CONSUMED_ANNOTATION
 from contract.pod_demand import ContainerDemand, ContainerRole
 from contract.resources import ResourceNames
-from node_agent.deviceplugin.allocator import AllocatorState, capacity_conflict, preferred_ids
 from node_agent.deviceplugin.broker import AllocationBroker, AllocationRefused
 from node_agent.deviceplugin.container_spec import ENV_VISIBLE_DEVICES, SharingConfig
 from node_agent.deviceplugin.inventory import share_unit_id
 from node_agent.deviceplugin.record_store import InMemoryPodRecords, RecordStoreError
 from node_agent.deviceplugin.records import read_records
+from node_agent.deviceplugin.request_matching import AllocatorState, capacity_conflict, preferred_ids
 
 from .builders import (
     MIG_GPU,

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 
 from contract.handoff import HeldPod, NodeHolds
-from node_agent.deviceplugin.allocator import AllocatorState, release_departed
 from node_agent.deviceplugin.broker import AllocationBroker, AllocationRefused
 from node_agent.deviceplugin.holds import grants_of_devices, kubelet_active, node_holds, report_holds
 from node_agent.deviceplugin.inventory import share_unit_id
 from node_agent.deviceplugin.reconcile import KubeletAssignment
 from node_agent.deviceplugin.record_store import InMemoryPodRecords
+from node_agent.deviceplugin.request_matching import AllocatorState, release_departed
 from topology.scheduling import GpuGrant
 
 from .builders import SHARED_GPU, WHOLE_GPU, inventory, pod, share, uuid, whole

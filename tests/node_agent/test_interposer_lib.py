@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.interposer_lib import (
+from node_agent.sharing.interposer_delivery import (
     INSTALL_SUBDIR,
     LIBRARY_NAME,
     install_interposer,

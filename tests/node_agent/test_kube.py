@@ -12,7 +12,8 @@ from kubernetes.client.exceptions import ApiException
 from contract.gpu_topology import TopologyStatus, encode_status, topology_object
 from contract.keys import GROUP, TOPOLOGY_HASH_ANNOTATION, TOPOLOGY_PLURAL, TOPOLOGY_VERSION
 from contract.resources import ResourceNames
-from node_agent.kube import (
+from node_agent.kube.client import MERGE_PATCH, KubernetesNodeApi, kube_error
+from node_agent.kube.node_api import (
     AgentEvent,
     KubeConflict,
     KubeError,
@@ -21,7 +22,6 @@ from node_agent.kube import (
     pod_from_dict,
     rfc3339,
 )
-from node_agent.kube_client import MERGE_PATCH, KubernetesNodeApi, kube_error
 from tests.node_agent.builders import app
 from tests.node_agent.machines import machine
 from topology.codec import content_hash

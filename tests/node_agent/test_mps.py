@@ -24,14 +24,14 @@ from pathlib import Path
 import pytest
 
 from contract.allocation import Enforcement
-from node_agent.agent_loop import Agent
 from node_agent.config import AgentConfig, parse_args
 from node_agent.deviceplugin.broker import AllocationBroker
 from node_agent.deviceplugin.container_spec import SharingConfig
 from node_agent.deviceplugin.inventory import share_unit_id
 from node_agent.deviceplugin.record_store import InMemoryPodRecords
+from node_agent.loop.agent_loop import Agent
 from node_agent.metrics import AgentMetrics
-from node_agent.mps import PID_FILE, ExternalMps, MpsSettings, MpsSupervisor
+from node_agent.sharing.mps import PID_FILE, ExternalMps, MpsSettings, MpsSupervisor
 from node_agent.sources.nvml_simulated import SimulatedNvml
 from node_agent.wiring import start_mps
 from tests.node_agent.builders import SHARED_GPU, inventory, pod, share, uuid

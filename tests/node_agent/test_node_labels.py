@@ -11,12 +11,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from contract.keys import MANAGED_LABELS_ANNOTATION, MPS_LABEL, NUMA_NODES_LABEL, NVLINK_CLIQUE_LABEL
-from node_agent.agent_loop import Agent
 from node_agent.config import AgentConfig
-from node_agent.kube import KubeConflict, KubeError
-from node_agent.kube_client import MERGE_PATCH, KubernetesNodeApi
-from node_agent.metrics import AgentMetrics
-from node_agent.node_labels import (
+from node_agent.kube.client import MERGE_PATCH, KubernetesNodeApi
+from node_agent.kube.node_api import KubeConflict, KubeError
+from node_agent.loop.agent_loop import Agent
+from node_agent.loop.node_labels import (
     CUDA_DRIVER_MAJOR_LABEL,
     CUDA_DRIVER_MINOR_LABEL,
     CUDA_DRIVER_REV_LABEL,
@@ -41,6 +40,7 @@ from node_agent.node_labels import (
     nvlink_clique,
     plan_labels,
 )
+from node_agent.metrics import AgentMetrics
 from node_agent.sources.nvml_simulated import SimulatedNvml
 from tests.node_agent.machines import FakeClock, FakeNodeApi, machine, topo_text
 from topology.model import Gpu, GpuLink, LinkKind, MigMode, NodeTopology

@@ -8,11 +8,7 @@ from pathlib import Path
 import pytest
 
 from contract.resources import ResourceNames
-from node_agent.deviceplugin.record_store import InMemoryPodRecords
-from node_agent.deviceplugin.server import PluginConfig
-from node_agent.health import GpuHealth
-from node_agent.metrics import AgentMetrics, DevicePluginStats
-from node_agent.plugin_host import (
+from node_agent.deviceplugin.plugin_host import (
     SHIM_FILES,
     DevicePluginHost,
     DevicePluginSettings,
@@ -20,6 +16,10 @@ from node_agent.plugin_host import (
     prepare_shim,
     unavailable_devices,
 )
+from node_agent.deviceplugin.record_store import InMemoryPodRecords
+from node_agent.deviceplugin.server import PluginConfig
+from node_agent.health import GpuHealth
+from node_agent.metrics import AgentMetrics, DevicePluginStats
 from topology.model import MigDevice, MigMode, NodeTopology
 
 from .builders import SHARED_GPU, WHOLE_GPU
@@ -28,7 +28,7 @@ from .machines import machine
 
 pytestmark = pytest.mark.timeout(60)
 
-SHIM_SOURCE = Path(__file__).resolve().parents[2] / "node_agent" / "shim"
+SHIM_SOURCE = Path(__file__).resolve().parents[2] / "node_agent" / "sharing" / "shim"
 
 
 def _with_mig(topology: NodeTopology, index: int = 0) -> NodeTopology:

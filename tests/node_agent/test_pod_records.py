@@ -21,9 +21,9 @@ from contract.keys import ALLOCATION_ANNOTATION, CONSUMED_ANNOTATION
 from contract.pod_demand import ContainerDemand, ContainerRole
 from contract.pods import PodRef
 from node_agent.deviceplugin.broker import AllocationBroker
+from node_agent.deviceplugin.pod_records import KubePodRecords, bound_pod
 from node_agent.deviceplugin.record_store import RecordStoreError, record_generation
-from node_agent.kube import PodInfo, pod_from_dict
-from node_agent.pod_records import KubePodRecords, bound_pod
+from node_agent.kube.node_api import PodInfo, pod_from_dict
 
 from .builders import NAMES, WHOLE_GPU, app, init, inventory, sidecar, uuid, whole
 from .machines import FakeNodeApi
@@ -153,7 +153,7 @@ def test_a_pod_with_an_unreadable_quantity_asks_for_nothing_and_is_logged_once(c
     store = KubePodRecords(
         _cluster(replace(pod, annotations=MappingProxyType({ALLOCATION_ANNOTATION: _record(0)}))), NODE
     )
-    with caplog.at_level(logging.WARNING, logger="node_agent.pod_records"):
+    with caplog.at_level(logging.WARNING, logger="node_agent.deviceplugin.pod_records"):
         (bound,) = store.list_bound_pods_on_node()
         store.list_bound_pods_on_node()
     assert bound.containers == ()

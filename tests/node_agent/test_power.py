@@ -9,11 +9,11 @@ import pytest
 
 from contract.allocation import Allocation, encode_allocation
 from contract.keys import ALLOCATION_ANNOTATION
-from node_agent.agent_loop import Agent
 from node_agent.config import AgentConfig
-from node_agent.kube import PodInfo
+from node_agent.kube.node_api import PodInfo
+from node_agent.loop.agent_loop import Agent
+from node_agent.loop.power import PowerLimiter, PowerPlan, PowerTarget, budgets, plan_power_limits
 from node_agent.metrics import AgentMetrics
-from node_agent.power import PowerLimiter, PowerPlan, PowerTarget, budgets, plan_power_limits
 from node_agent.sources.nvml_reader import PowerLimits
 from node_agent.sources.nvml_simulated import SimulatedNvml
 from tests.node_agent.machines import FakeClock, FakeNodeApi, machine, topo_text

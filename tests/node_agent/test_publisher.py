@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from contract.gpu_topology import TopologyStatus
 from node_agent.health import GpuHealth, Severity
-from node_agent.publisher import Published, Publisher, node_status, plan_publish
+from node_agent.loop.publisher import Published, Publisher, node_status, plan_publish
 from tests.node_agent.machines import FakeClock, FakeNodeApi, machine
 from topology.codec import content_hash
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-import node_agent.shim
+import node_agent.sharing.shim
 
-SHIM_DIR = Path(node_agent.shim.__file__).parent
+SHIM_DIR = Path(node_agent.sharing.shim.__file__).parent
 
 FAKE_TORCH = """
 import types
@@ -270,7 +270,7 @@ def test_the_shim_imports_only_the_standard_library() -> None:
 @pytest.mark.timeout(10)
 def test_under_the_interposer_capped_devices_get_all_of_what_the_process_sees() -> None:
     """Under the interposer a capped device's fraction becomes 1 (its visible memory is the cap); uncapped devices keep theirs."""
-    from node_agent.shim.linkpack_shim import rebased
+    from node_agent.sharing.shim.linkpack_shim import rebased
 
     assert rebased((0.25, 0.5), (20480.0, 40960.0)) == (1.0, 1.0)
     assert rebased((0.25,), (20480.0,)) == (1.0,)  # one value for every device
@@ -281,7 +281,7 @@ def test_under_the_interposer_capped_devices_get_all_of_what_the_process_sees() 
 @pytest.mark.timeout(10)
 def test_the_interposer_counts_only_when_mapped_and_switched_on(tmp_path: Path, monkeypatch) -> None:
     """The shim sees the interposer holding memory only when its library is mapped in the process and not switched off."""
-    from node_agent.shim.linkpack_shim import interposer_holds_memory
+    from node_agent.sharing.shim.linkpack_shim import interposer_holds_memory
 
     maps = tmp_path / "maps"
     maps.write_text("7f00-7f01 r-xp 0 08:01 1 /opt/linkpack/interposer/liblinkpack_cuda.so\n")

@@ -13,18 +13,18 @@ from contract.allocation import decode_allocation
 from contract.keys import ALLOCATION_ANNOTATION
 from contract.resources import ResourceNames
 from extender.config import ExtenderConfig
-from extender.in_memory_cluster import InMemoryCluster
+from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService, handlers_for
-from extender.snapshot import NodeFacts
-from node_agent.agent_loop import Agent
+from extender.state.snapshot import NodeFacts
 from node_agent.config import AgentConfig, parse_args, parse_mig_layout
 from node_agent.deviceplugin.broker import AllocationBroker
 from node_agent.deviceplugin.container_spec import ENV_VISIBLE_DEVICES
 from node_agent.deviceplugin.inventory import Inventory
+from node_agent.deviceplugin.pod_records import bound_pod
 from node_agent.deviceplugin.record_store import InMemoryPodRecords
-from node_agent.kube import pod_from_dict
+from node_agent.kube.node_api import pod_from_dict
+from node_agent.loop.agent_loop import Agent
 from node_agent.metrics import AgentMetrics
-from node_agent.pod_records import bound_pod
 from node_agent.sources.discovery import discover
 from node_agent.sources.nvml_simulated import SimulatedNvml
 from node_agent.sources.opening import open_sources

@@ -9,9 +9,9 @@ import pytest
 
 from contract.allocation import Allocation, Enforcement, encode_allocation
 from contract.keys import ALLOCATION_ANNOTATION
-from node_agent.kube import PodInfo
+from node_agent.kube.node_api import PodInfo
+from node_agent.loop.watchdog import ProcessUse, Share, Watchdog, assess, pod_uid_from_cgroup, read_pod_uid
 from node_agent.sources.nvml_simulated import SimulatedNvml
-from node_agent.watchdog import ProcessUse, Share, Watchdog, assess, pod_uid_from_cgroup, read_pod_uid
 from tests.node_agent.machines import machine
 from topology.scheduling import GpuGrant
 
