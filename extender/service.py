@@ -7,16 +7,14 @@ the event loop, and its route handlers are one line each over this class.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from contract.pods import pod_ref
 from extender.binding.binder import Binder
 from extender.config import ExtenderConfig
+from extender.explain_log import ExplainLog, PodDecisions
 from extender.metrics import ExtenderMetrics
 from extender.placing.decisions import Decider
 from extender.placing.filter_outcome import FilterOutcome
@@ -41,23 +39,10 @@ from extender.wire import (
 from topology.scoring import Ranking
 
 SYNC_KINDS = ("nodes", "topologies", "ledgers", "pods", "policies", "namespaces")
-_LOG_LIMIT = 2048
 _ANSWERS_KEPT = 8  # filter and prioritize answers remembered (a few request kinds at once)
 
 #: A filter outcome's misfits counted by (failed or unresolvable, reason).
 Tally = tuple[tuple[tuple[str, str], int], ...]
-
-
-@dataclass
-class PodDecisions:
-    """The last filter, prioritize and bind outcome seen for one pod (for /debug/explain)."""
-
-    request: PodRequest | RequestError | None = None
-    filtered: FilterOutcome | None = None
-    ranking: Ranking | None = None
-    bound_node: str = ""
-    bind_error: str = ""
-    at: float = field(default_factory=time.time)
 
 
 class ExtenderService:
@@ -77,8 +62,7 @@ class ExtenderService:
             lambda: self.store.snapshot().node_states(),
             lambda: self.store.snapshot().gpu_nodes_without_topology(),
         )
-        self._log: OrderedDict[str, PodDecisions] = OrderedDict()
-        self._log_lock = threading.Lock()
+        self.explain = ExplainLog()
         self._answers: Reuse[tuple[tuple[str, ...], list[dict[str, Any]]]] = Reuse(_ANSWERS_KEPT)
         self._filter_json: Reuse[bytes] = Reuse(_ANSWERS_KEPT)
         self._encoded_maps: Reuse[str] = Reuse(2 * _ANSWERS_KEPT)
@@ -233,17 +217,10 @@ class ExtenderService:
         return tuple(kind for kind in SYNC_KINDS if kind not in synced)
 
     def decisions_for(self, namespace: str, name: str) -> PodDecisions | None:
-        with self._log_lock:
-            return self._log.get(f"{namespace}/{name}")
+        return self.explain.get(namespace, name)
 
     def _entry(self, key: str) -> PodDecisions:
-        with self._log_lock:
-            entry = self._log.pop(key, None) or PodDecisions()
-            entry.at = time.time()
-            self._log[key] = entry
-            while len(self._log) > _LOG_LIMIT:
-                self._log.popitem(last=False)
-            return entry
+        return self.explain.entry(key)
 
 
 def _misfit_tally(outcome: FilterOutcome) -> Tally:

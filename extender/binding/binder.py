@@ -33,7 +33,7 @@ from contract.ledger import Ledger, LedgerEntry
 from contract.node_state import build_node_state
 from extender.binding.group_commit import GroupCommit
 from extender.config import ExtenderConfig
-from extender.placing.decisions import driver_misfit
+from extender.placing.reference import driver_misfit
 from extender.state.cluster_api import ApiConflict, ApiError, ApiNotFound, ClusterApi
 from extender.state.pod_requests import PodRequest, RequestError, read_pod_request, scheduler_mismatch
 from extender.state.store import ClusterStore

@@ -18,22 +18,36 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from contract.handoff import admits_pods, released_by_node
 from contract.ledger import Ledger, LedgerEntry
 from contract.pods import PodRef
-from extender.service import ExtenderService
+from extender.binding.binder import Binder
+from extender.config import ExtenderConfig
+from extender.metrics import ExtenderMetrics
 from extender.state.cluster_api import ApiError, ApiNotFound, ClusterApi
 from extender.state.snapshot import ClusterSnapshot
 from extender.state.stale_entries import PodFacts, StaleReason, stale_entries
+from extender.state.store import ClusterStore
 
 #: Departures whose GPUs the kubelet may still hold: released only once the node says it does not.
 _DEPARTED = frozenset({StaleReason.POD_DELETED, StaleReason.POD_REPLACED, StaleReason.POD_FINISHED})
 
-log = logging.getLogger("linkpack.extender.reconciler")
+log = logging.getLogger(__name__)
 
 
-def reconcile_once(service: ExtenderService, now: float | None = None) -> int:
+class ReconciledService(Protocol):
+    """What the reconciler uses of the extender's service (`extender.service.ExtenderService`)."""
+
+    config: ExtenderConfig
+    api: ClusterApi
+    store: ClusterStore
+    binder: Binder
+    metrics: ExtenderMetrics
+
+
+def reconcile_once(service: ReconciledService, now: float | None = None) -> int:
     """Release every stale entry once; returns how many were released."""
     snapshot = service.store.snapshot()
     if not snapshot.is_synced(("ledgers", "pods")):
@@ -96,7 +110,7 @@ def live_pod_facts(api: ClusterApi, entries: tuple[LedgerEntry, ...]) -> dict[st
 NUDGE_LIMIT = 64
 
 
-def nudge_waiting(service: ExtenderService, snapshot: ClusterSnapshot) -> int:
+def nudge_waiting(service: ReconciledService, snapshot: ClusterSnapshot) -> int:
     """Tell kube-scheduler that GPUs came back: it does not watch the ledgers, so pods it found
     unschedulable would otherwise wait for an unrelated event (or minutes). Each pending pod the
     extender tracks gets its `linkpack.io/capacity-freed` annotation set (an update the scheduler
@@ -113,7 +127,7 @@ def nudge_waiting(service: ExtenderService, snapshot: ClusterSnapshot) -> int:
 _nudges = itertools.count(int(time.time()))
 
 
-def run_reconciler(service: ExtenderService, stop: Callable[[], bool], period_s: float = 5.0) -> None:
+def run_reconciler(service: ReconciledService, stop: Callable[[], bool], period_s: float = 5.0) -> None:
     while not stop():
         try:
             reconcile_once(service)

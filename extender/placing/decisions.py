@@ -13,49 +13,24 @@ import threading
 from collections.abc import Iterable, Sequence
 
 from contract.compute_demand import ComputeDemand
-from contract.gpu_topology import TopologyStatus
-from contract.scheduling_policy import cuda_version_tuple
 from extender.placing.filter_memo import FilterMemo, nearest
 from extender.placing.filter_outcome import FilterOutcome as FilterOutcome  # where callers have found it
+from extender.placing.reference import NO_TOPOLOGY, driver_misfit, scoring_terms
 from extender.state.pod_requests import PodRequest
-from extender.state.snapshot import ClusterSnapshot, NodeEntry
+from extender.state.snapshot import ClusterSnapshot
 from extender.state.store import ClusterStore
 from topology.placement import place
-from topology.scheduling import Misfit, MisfitReason, Outcome, Placement, Policy, Request
+from topology.scheduling import Outcome, Policy, Request
 from topology.scoring import (
-    NodeResourcesContext,
     Ranking,
     RawTerms,
     combine,
     default_fragmentation,
-    node_terms,
 )
 
 _MAX_REQUEST_KINDS = 512  # distinct (request, policy) pairs remembered at once
 _LISTS_KEPT = 4  # node lists whose set of names is remembered per request kind
 _MAX_TERMS = 200_000  # scoring terms remembered per request kind (node x pod CPU/memory)
-
-
-_NO_TOPOLOGY = Misfit(MisfitReason.NO_TOPOLOGY, resolvable=False)
-
-
-def driver_misfit(needed: str, status: TopologyStatus) -> Misfit | None:
-    """Why the node's driver cannot run a pod that needs CUDA `needed` ("" needs nothing), or None.
-    Forward-compatibility packages inside the image are not seen here: the driver decides."""
-    wanted = cuda_version_tuple(needed) if needed else None
-    if wanted is None:
-        return None
-    have = cuda_version_tuple(status.cuda_driver_version)
-    if have is None:
-        return Misfit(MisfitReason.DRIVER_UNKNOWN, False, f"the pod needs CUDA {needed}")
-    if have < wanted:
-        driver = f"driver {status.driver_version}" if status.driver_version else "the driver"
-        return Misfit(
-            MisfitReason.DRIVER_TOO_OLD,
-            False,
-            f"{driver} runs CUDA up to {status.cuda_driver_version}, the pod needs {needed}",
-        )
-    return None
 
 
 class _Memo:
@@ -131,7 +106,7 @@ class Decider:
         state = entry.state if entry is not None else None
         result: Outcome
         if state is None or entry is None or entry.published is None:
-            result = _NO_TOPOLOGY
+            result = NO_TOPOLOGY
         else:
             result = driver_misfit(memo.cuda, entry.published.status) or place(
                 state, request, policy, snapshot.workload
@@ -269,37 +244,16 @@ class Decider:
         hit = memo.terms.get(memo_key)
         if hit is not None and hit[0] == version:
             return hit[1]
-        entry = snapshot.node(name)
-        state = entry.state if entry is not None else None
-        result = self._outcome(snapshot, memo, name, pod.request, pod.policy)
-        if entry is None or state is None or not isinstance(result, Placement):
-            return None
-        found = node_terms(
-            state,
-            result,
-            pod.request,
-            pod.policy,
+        found = scoring_terms(
+            snapshot,
+            name,
+            pod,
+            self._outcome(snapshot, memo, name, pod.request, pod.policy),
             self._fragmentation,
-            resources_context(entry, pod, snapshot),
         )
+        if found is None:
+            return None
         if len(memo.terms) >= _MAX_TERMS:
             memo.terms.clear()
         memo.terms[memo_key] = (version, found)
         return found
-
-
-def resources_context(entry: NodeEntry, pod: PodRequest, snapshot: ClusterSnapshot) -> NodeResourcesContext:
-    """The node's free CPU and memory before and after the pod, and the learned workload
-    (CPU and memory unconstrained where the Node does not say its allocatable)."""
-    free = entry.free_compute
-    allocatable = entry.facts.allocatable if entry.facts is not None else None
-    if free is None or allocatable is None:
-        return NodeResourcesContext(None, None, None, None, snapshot.workload)
-    return NodeResourcesContext(
-        free.cpu_milli,
-        free.memory_mib,
-        free.cpu_milli - pod.compute.cpu_milli,
-        free.memory_mib - pod.compute.memory_mib,
-        snapshot.workload,
-        allocatable.cpu_milli,
-    )

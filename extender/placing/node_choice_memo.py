@@ -16,25 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from extender.placing.filter_outcome import FilterOutcome
+from extender.placing.reference import narrowed
 from topology.node_choice import DecisionKey, best_bottleneck, decision_key
 from topology.scoring import RawTerms
 
 #: A passing node's scoring terms for the pod (None when it has none).
 TermsOf = Callable[[str], RawTerms | None]
-
-
-def chosen_reason(node: str) -> str:
-    """What the filter answer says of every other passing node."""
-    return f"linkpack chose node {node} for this pod (its policy decides the node)"
-
-
-def narrowed(outcome: FilterOutcome, chosen: str) -> FilterOutcome:
-    """`outcome` with only `chosen` passing; the other passing nodes fail naming it."""
-    others = dict.fromkeys(outcome.passed, chosen_reason(chosen))
-    del others[chosen]
-    return FilterOutcome(
-        (chosen,), {**outcome.failed, **others}, outcome.unresolvable, {}, outcome.misfits, outcome
-    )
 
 
 def _link(terms: RawTerms | None) -> float | None:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from contract.ledger import Ledger, LedgerEntry
 from extender.debug.views.node_documents import Doc, entry_doc, grant_doc, iso_time
-from extender.placing.decisions import FilterOutcome
-from extender.service import PodDecisions
+from extender.explain_log import PodDecisions
+from extender.placing.filter_outcome import FilterOutcome
 from extender.state.pod_requests import PodRequest, RequestError
 from extender.state.snapshot import TrackedPod
 from topology.scheduling import GpuShare, MigSlice, MisfitReason, Placement, Policy, Request, WholeGpus
