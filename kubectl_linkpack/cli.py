@@ -20,7 +20,7 @@ from kubectl_linkpack.cluster_reader import EXTENDER_SERVICE, ClusterReader, Kub
 from kubectl_linkpack.errors import PluginError
 from kubectl_linkpack.explain_view import decode_explanation, format_explain
 from kubectl_linkpack.policies_view import format_policies, policy_rows
-from kubectl_linkpack.snapshot import NodeFacts, facts_by_name, ledgers_from, node_record, pod_allocations
+from kubectl_linkpack.snapshot import NodeCordons, facts_by_name, ledgers_from, node_record, pod_allocations
 from kubectl_linkpack.views import format_nodes, format_pods, format_topo, ledger_warning
 
 URL_ENV = "LINKPACK_EXTENDER_URL"
@@ -114,7 +114,7 @@ def _nodes(reader: ClusterReader, out: TextIO, now: dt.datetime, units: int) -> 
     topologies = reader.topologies()
     ledgers, errors = ledgers_from(reader.ledgers())
     notes: list[str] = []
-    facts: dict[str, NodeFacts] | None
+    facts: dict[str, NodeCordons] | None
     try:
         facts = facts_by_name(reader.nodes()) if topologies else {}
     except PluginError as exc:
@@ -130,7 +130,7 @@ def _topo(reader: ClusterReader, out: TextIO, node: str, units: int) -> int:
     if obj is None:
         raise PluginError(f"no GpuTopology named {node!r} (is the node agent running on it?)")
     notes: list[str] = []
-    facts: dict[str, NodeFacts] | None
+    facts: dict[str, NodeCordons] | None
     try:
         node_obj = reader.node(node)
         facts = facts_by_name([node_obj] if node_obj is not None else [])

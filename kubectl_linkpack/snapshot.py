@@ -25,7 +25,7 @@ from topology.scheduling import NodeState
 
 
 @dataclass(frozen=True, slots=True)
-class NodeFacts:
+class NodeCordons:
     """What the Node object says about GPU placement: the operator's cordons, `spec.unschedulable`."""
 
     name: str
@@ -33,19 +33,19 @@ class NodeFacts:
     unschedulable: bool = False
 
 
-def node_facts(obj: Mapping[str, Any]) -> NodeFacts:
+def node_cordons(obj: Mapping[str, Any]) -> NodeCordons:
     """A Node object (as JSON) into the facts that keep GPUs out of new placements."""
     meta = _mapping(obj, "metadata")
     raw = _mapping(meta, "annotations").get(CORDON_ANNOTATION)
-    return NodeFacts(
+    return NodeCordons(
         name=str(meta.get("name") or ""),
         cordons=parse_cordons(raw if isinstance(raw, str) else None),
         unschedulable=bool(_mapping(obj, "spec").get("unschedulable")),  # as the extender reads it
     )
 
 
-def facts_by_name(nodes: Iterable[Mapping[str, Any]]) -> dict[str, NodeFacts]:
-    facts = (node_facts(n) for n in nodes)
+def facts_by_name(nodes: Iterable[Mapping[str, Any]]) -> dict[str, NodeCordons]:
+    facts = (node_cordons(n) for n in nodes)
     return {f.name: f for f in facts if f.name}
 
 
@@ -61,7 +61,7 @@ class NodeRecord:
     name: str
     published: PublishedTopology | None
     error: str = ""
-    facts: NodeFacts | None = None
+    facts: NodeCordons | None = None
     node_missing: bool = False
     ledger: Ledger | None = None
     ledger_error: str = ""
@@ -98,7 +98,7 @@ class NodeRecord:
 
 def node_record(
     topology_obj: Mapping[str, Any],
-    facts: Mapping[str, NodeFacts] | None,
+    facts: Mapping[str, NodeCordons] | None,
     ledgers: Mapping[str, Ledger],
     units_per_gpu: int,
     ledger_errors: Mapping[str, str] | None = None,

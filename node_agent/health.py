@@ -268,7 +268,7 @@ class HealthTracker:
             )
         return self._commit(cur, new)
 
-    def record_event(self, event: XidEvent) -> tuple[Fault, HealthChange | None]:
+    def observe_xid(self, event: XidEvent) -> tuple[Fault, HealthChange | None]:
         fault = event_fault(event, self.policy.xid_overrides)
         return fault, self.record_fault(event.gpu_index, fault)
 

@@ -39,7 +39,7 @@ from node_agent.sources.opening import open_sources
 from node_agent.sources.simulated_mig import MigLayoutError
 from topology.catalog import CatalogError
 
-log = logging.getLogger("node_agent")
+log = logging.getLogger(__name__)
 
 
 def device_plugin_settings(

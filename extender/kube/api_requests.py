@@ -26,7 +26,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client import rest
 
-log = logging.getLogger("linkpack.extender.kube")
+log = logging.getLogger(__name__)
 
 POOL_SIZE = 32  # concurrent binds of one scheduler stay well below this
 TIMEOUT = urllib3.Timeout(connect=10.0, read=30.0)

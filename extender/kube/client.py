@@ -44,7 +44,7 @@ from extender.kube.translate import (
 from extender.kube.watch import ListWatch, Sink
 from extender.state.cluster_api import ApiConflict, ApiError, ApiNotFound, Identity, PodObject, WatchHandlers
 
-log = logging.getLogger("linkpack.extender.kube")
+log = logging.getLogger(__name__)
 
 
 def load_client(kubeconfig: str | None) -> client.ApiClient:

@@ -21,7 +21,7 @@ from extender.config import ExtenderConfig
 from extender.kube.gc_pause import collector_paused
 from extender.state.cluster_api import ApiError
 
-log = logging.getLogger("linkpack.extender.kube")
+log = logging.getLogger(__name__)
 
 _FAILURES = (ApiException, HTTPError, OSError, ValueError)
 

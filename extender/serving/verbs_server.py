@@ -22,7 +22,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-log = logging.getLogger("linkpack.extender.verbs")
+log = logging.getLogger(__name__)
 
 #: A verb: the raw request body in, the JSON answer (bytes) out. It never raises on bad input.
 Route = Callable[[bytes], bytes]

@@ -44,7 +44,7 @@ from node_agent.deviceplugin.request_matching import (
 from node_agent.sharing.interposer_delivery import interposer_installed
 from node_agent.sharing.mps import mps_active
 
-log = logging.getLogger("linkpack.deviceplugin")
+log = logging.getLogger(__name__)
 
 #: The kubelet's pod-resources account of our devices; raises OSError when it cannot be asked.
 KubeletAccount = Callable[[], Sequence[KubeletAssignment]]

@@ -37,7 +37,7 @@ from node_agent.metrics import DevicePluginStats
 from node_agent.sharing.host_files import install_file
 from topology.model import NodeTopology
 
-log = logging.getLogger("node_agent.plugins")
+log = logging.getLogger(__name__)
 
 SHIM_PACKAGE = "node_agent.sharing.shim"
 SHIM_FILES = ("sitecustomize.py", "linkpack_shim.py")

@@ -26,7 +26,7 @@ from contract.pods import PodRef
 from node_agent.deviceplugin.record_store import BoundPod, RecordStoreError, record_generation
 from node_agent.kube.node_api import KubeConflict, KubeError, KubeNotFound, NodeApi, PodInfo
 
-log = logging.getLogger("node_agent.deviceplugin.pod_records")
+log = logging.getLogger(__name__)
 
 DEFAULT_WRITE_ATTEMPTS = 5
 

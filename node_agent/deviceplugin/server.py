@@ -33,7 +33,7 @@ from node_agent.deviceplugin.paths import (
 from node_agent.deviceplugin.reconcile import KubeletAssignment
 from node_agent.deviceplugin.record_store import RecordStoreError
 
-log = logging.getLogger("linkpack.deviceplugin")
+log = logging.getLogger(__name__)
 
 # The generated stubs (`make proto`) are untyped; loaded by name they are `Any` to the type checker.
 _GENERATED = "node_agent.deviceplugin._generated"

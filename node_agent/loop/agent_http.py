@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from node_agent.metrics import AgentMetrics
 from node_agent.sources.nvml_simulated import FAULT_COMMAND_HELP, FaultCommandError, SimulatedNvml
 
-log = logging.getLogger("node_agent.http")
+log = logging.getLogger(__name__)
 
 
 class AgentView(Protocol):

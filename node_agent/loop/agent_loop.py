@@ -44,7 +44,7 @@ from node_agent.sources.nvml_reader import NvmlError, NvmlReader, XidEvent
 from topology.codec import encode_topology
 from topology.model import NodeTopology
 
-log = logging.getLogger("node_agent")
+log = logging.getLogger(__name__)
 
 #: Told the topology and GPU health after every poll and every health change.
 HealthListener = Callable[[NodeTopology, tuple[GpuHealth, ...]], None]
@@ -176,7 +176,7 @@ class Agent:
         if event.gpu_index not in {h.index for h in self.tracker.snapshot()}:
             log.warning("event for GPU %d, which this agent does not track: %s", event.gpu_index, event)
             return
-        fault, change = self.tracker.record_event(event)
+        fault, change = self.tracker.observe_xid(event)
         gpu = self.tracker.get(event.gpu_index)
         self.metrics.count_xid(gpu.index, gpu.uuid, event.xid, fault.severity)
         log.info("GPU %d event %s: %s [%s]", event.gpu_index, event.kind.value, fault.reason, fault.severity)

@@ -32,7 +32,7 @@ from node_agent.sources.nvml_reader import NvmlError, NvmlReader, PowerLimits
 from topology.model import Gpu
 from topology.scheduling import GpuGrant
 
-log = logging.getLogger("node_agent.loop.power")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from node_agent.sharing.host_files import install_file
 
-log = logging.getLogger("node_agent.interposer")
+log = logging.getLogger(__name__)
 
 LIBRARY_NAME = "liblinkpack_cuda.so"
 #: the subdirectory of the shim's host directory the library is installed in (and mounted from)

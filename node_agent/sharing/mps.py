@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-log = logging.getLogger("node_agent.sharing.mps")
+log = logging.getLogger(__name__)
 
 DEFAULT_MPS_CONTROL = "nvidia-cuda-mps-control"
 DEFAULT_MPS_ROOT = "/var/lib/linkpack/mps"

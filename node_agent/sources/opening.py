@@ -13,7 +13,7 @@ from node_agent.sources.nvml_simulated import SimulatedNvml
 from node_agent.sources.smi_runner import SmiError, run_topo_matrix
 from topology.catalog import MACHINES, topo_dir
 
-log = logging.getLogger("node_agent.sources")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

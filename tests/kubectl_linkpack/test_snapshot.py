@@ -12,7 +12,7 @@ from kubectl_linkpack.snapshot import (
     NodeRecord,
     facts_by_name,
     ledgers_from,
-    node_facts,
+    node_cordons,
     node_record,
     parse_time,
     pod_allocations,
@@ -112,11 +112,11 @@ def test_a_topology_without_a_node_object_is_flagged_and_nothing_is_cordoned() -
 
 def test_node_facts_read_the_annotation_and_spec() -> None:
     """The cordon annotation goes through `contract.cordons`, `spec.unschedulable` is read as a flag."""
-    facts = node_facts(node_object("n", cordons=f" {UUIDS[0].upper()} ,{UUIDS[1]}", unschedulable=True))
+    facts = node_cordons(node_object("n", cordons=f" {UUIDS[0].upper()} ,{UUIDS[1]}", unschedulable=True))
     assert facts.name == "n" and facts.unschedulable
     assert facts.cordons == parse_cordons(f"{UUIDS[0]},{UUIDS[1]}")
-    assert node_facts({"metadata": None, "spec": "odd"}) == node_facts({})
-    assert not node_facts({}).unschedulable and node_facts({}).cordons == Cordons()
+    assert node_cordons({"metadata": None, "spec": "odd"}) == node_cordons({})
+    assert not node_cordons({}).unschedulable and node_cordons({}).cordons == Cordons()
 
 
 def test_ledgers_and_pod_annotations_are_read() -> None:

@@ -99,7 +99,7 @@ def test_a_reset_class_fault_recovers_after_a_passing_recheck():
     clock = FakeClock()
     t = _tracker(clock)
     start = clock.now
-    _, change = t.record_event(XidEvent(0, EventKind.XID, 48))
+    _, change = t.observe_xid(XidEvent(0, EventKind.XID, 48))
     assert change is not None and not change.after.healthy
     assert t.get(0).since == start and t.get(0).severity is Severity.NEEDS_RESET
     assert "XID 48" in t.get(0).reason
@@ -120,7 +120,7 @@ def test_a_reset_class_fault_recovers_after_a_passing_recheck():
 def test_application_faults_change_nothing():
     """An application fault changes nothing in the tracker."""
     t = _tracker(FakeClock())
-    fault, change = t.record_event(XidEvent(1, EventKind.XID, 13))
+    fault, change = t.observe_xid(XidEvent(1, EventKind.XID, 13))
     assert fault.severity is Severity.APPLICATION and change is None
     assert t.get(1).healthy
 
@@ -129,12 +129,12 @@ def test_fatal_faults_do_not_recover_unless_configured():
     """Fatal faults are never re-checked unless a fatal re-check delay is configured."""
     clock = FakeClock()
     t = _tracker(clock)
-    t.record_event(XidEvent(0, EventKind.XID, 79))
+    t.observe_xid(XidEvent(0, EventKind.XID, 79))
     clock.advance(10**6)
     assert t.due_for_recheck() == ()
     clock2 = FakeClock()
     t2 = _tracker(clock2, fatal_recheck_after_s=3600)
-    t2.record_event(XidEvent(0, EventKind.XID, 79))
+    t2.observe_xid(XidEvent(0, EventKind.XID, 79))
     clock2.advance(3600)
     assert t2.due_for_recheck() == (0,)
 
@@ -177,7 +177,7 @@ def test_cordons_are_tracked_separately_from_health():
 def test_a_lost_gpu_after_xid_79_keeps_the_xid_as_its_reason():
     """A GPU that stops answering after XID 79 keeps "XID 79" as the reason on every later poll."""
     t = _tracker(FakeClock())
-    t.record_event(XidEvent(0, EventKind.XID, 79))
+    t.observe_xid(XidEvent(0, EventKind.XID, 79))
     lost = unreadable_fault("nvmlDeviceGetUUID on GPU 0: GPU is lost (NVML code 15)", gpu_lost=True)
     assert t.record_fault(0, lost) is None  # nothing visible changes
     assert t.record_fault(0, lost) is None
@@ -189,7 +189,7 @@ def test_the_xid_replaces_a_gpu_lost_reason_seen_first():
     t = _tracker(FakeClock())
     t.record_fault(0, unreadable_fault("nvmlDeviceGetUUID on GPU 0: GPU is lost", gpu_lost=True))
     assert t.get(0).reason.startswith("GPU lost")
-    _, change = t.record_event(XidEvent(0, EventKind.XID, 79))
+    _, change = t.observe_xid(XidEvent(0, EventKind.XID, 79))
     assert change is not None and t.get(0).reason.startswith("XID 79")
     t.record_fault(0, unreadable_fault("nvmlDeviceGetUUID on GPU 0: GPU is lost", gpu_lost=True))
     assert t.get(0).reason.startswith("XID 79")
@@ -198,7 +198,7 @@ def test_the_xid_replaces_a_gpu_lost_reason_seen_first():
 def test_a_symptom_escalates_the_severity_but_keeps_the_cause():
     """A needs-reset XID followed by a lost GPU is fatal, with the XID still named as the cause."""
     t = _tracker(FakeClock())
-    t.record_event(XidEvent(1, EventKind.XID, 48))
+    t.observe_xid(XidEvent(1, EventKind.XID, 48))
     change = t.record_fault(1, unreadable_fault("GPU is lost", gpu_lost=True))
     assert change is not None and t.get(1).severity is Severity.FATAL
     assert t.get(1).reason.startswith("XID 48")
