@@ -93,6 +93,8 @@ def agent_version() -> str:
 
 
 def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> AgentConfig:
+    """The agent's settings from its command line and environment; exits with a usage error
+    naming the bad argument or variable."""
     env = os.environ if env is None else env
     try:
         resources = ResourceNames.from_env(env)
@@ -105,6 +107,18 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         prog="python -m node_agent",
         description="Linkpack node agent: GPU discovery, topology publishing, health, metrics.",
     )
+    _add_agent_arguments(p, env)
+    _add_device_plugin_arguments(p, units_default)
+    _add_mps_arguments(p)
+    _add_node_and_simulation_arguments(p)
+    a = p.parse_args(argv)
+    if bad_env:
+        p.error(bad_env)
+    return _config(p, a, resources)
+
+
+def _add_agent_arguments(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """Discovery, publishing, health and the memory watchdog."""
     p.add_argument(
         "--simulate",
         metavar="FILE_OR_PROFILE",
@@ -147,6 +161,9 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         "--print-discovery", action="store_true", help="print the discovered topology as JSON and exit"
     )
     p.add_argument("--log-level", default=env.get("LINKPACK_LOG_LEVEL", "INFO"))
+
+
+def _add_device_plugin_arguments(p: argparse.ArgumentParser, units_default: int) -> None:
     dp = p.add_argument_group("device plugin")
     dp.add_argument("--no-device-plugin", action="store_true",
                     help="do not serve the kubelet device plugins (implied by --no-kube: without "
@@ -171,6 +188,9 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     dp.add_argument("--gpu-state-dir", default=DEFAULT_GPU_STATE_DIR,
                     help="host directory shared read-write by the node's share containers, for the "
                     "interposer's priority between sharers; '' leaves priority out")  # fmt: skip
+
+
+def _add_mps_arguments(p: argparse.ArgumentParser) -> None:
     mps = p.add_argument_group("CUDA MPS supervision")
     mps.add_argument("--mps", action="store_true",
                      help="run the CUDA MPS control daemon (`nvidia-cuda-mps-control -d`), restart it "
@@ -182,6 +202,9 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     mps.add_argument("--mps-shm-dir", default=None,
                      help="host directory the agent's container has as /dev/shm (where the daemon "
                      "keeps its shared memory), mounted at /dev/shm in MPS share containers")  # fmt: skip
+
+
+def _add_node_and_simulation_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-node-labels", action="store_true",
                    help="do not label the node (nvidia.com/gpu.product, topology.kubernetes.io/nvidia-sxm, "
                    "linkpack.io/nvlink-clique, ...; see docs/operator-guide.md)")  # fmt: skip
@@ -196,9 +219,10 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
                    help="with --simulate: start these GPUs in MIG mode with these instances of the "
                    "model's real profiles, e.g. 7=1g.5gb*7 or 6=3g.20gb+2g.10gb+1g.5gb*2,7=7g.40gb "
                    "on a DGX A100 (A100 40GB); the other GPUs stay whole")  # fmt: skip
-    a = p.parse_args(argv)
-    if bad_env:
-        p.error(bad_env)
+
+
+def _config(p: argparse.ArgumentParser, a: argparse.Namespace, resources: ResourceNames) -> AgentConfig:
+    """The parsed arguments checked against each other, as an `AgentConfig`."""
     if (a.simulate_driver, a.simulate_cuda, a.simulate_mig) != (None, None, None) and a.simulate is None:
         p.error("--simulate-driver, --simulate-cuda and --simulate-mig need --simulate")
     if a.simulate_cuda is not None and parse_cuda_version(a.simulate_cuda) is None:
