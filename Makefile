@@ -19,9 +19,14 @@ proto: $(VENV)/.installed
 demo: $(VENV)/.installed proto
 	$(PY) -m demo
 
+# The C (C_SOURCES) against .clang-format; clang-format comes from the Debian package, installed with
+# apt-get when missing (as root or through `sudo -n`, as tests/node/packages.py installs packages).
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	@command -v clang-format >/dev/null || { s=$$([ "$$(id -u)" = 0 ] || echo sudo -n); \
+		$$s $(CLANG_FORMAT_INSTALL) >/dev/null || { $$s apt-get update -qq && $$s $(CLANG_FORMAT_INSTALL); }; }
+	clang-format --dry-run --Werror $(C_SOURCES)
 
 typecheck: $(VENV)/.installed proto
 	$(VENV)/bin/mypy topology contract extender node_agent kubectl_linkpack demo image_build
@@ -60,6 +65,9 @@ clean:
 
 # The CUDA driver-API interposer (LD_PRELOAD) for share containers; see node_agent/sharing/interposer/README.md.
 INTERPOSER_SRC := $(wildcard node_agent/sharing/interposer/*.c)
+# All the C, the interposer's and its tests' (fake driver, probe programs), for `make lint`.
+C_SOURCES = $(wildcard node_agent/sharing/interposer/*.[ch] tests/interposer/*/*.[ch])
+CLANG_FORMAT_INSTALL = env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends clang-format
 INTERPOSER_BUILD ?= build/interposer
 # glibc 2.34 folded libdl and libpthread into libc; naming their stubs (where this C library has them)
 # keeps the library loadable in containers with an older glibc, where they are separate.

@@ -7,6 +7,7 @@ there is no C compiler; a build that fails fails the tests.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -18,7 +19,11 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PROGRAMS = HERE / "programs"
 INTERPOSER_SRC = REPO / "node_agent" / "sharing" / "interposer"
+HOOKS_HEADER = INTERPOSER_SRC / "lp_hooks.h"
 WARNINGS = ["-O2", "-Wall", "-Wextra", "-Werror"]
+# The fake driver and the probes use the interposer's CUDA types and entry-point lists
+# (lp_cuda_types.h, lp_hooks.h) through programs/probe_cuda.h.
+INCLUDES = ["-I", str(INTERPOSER_SRC), "-I", str(PROGRAMS)]
 
 # variables of the interposer, the fake and the container that must not leak in from the caller
 _SCRUBBED_PREFIXES = ("LINKPACK_", "FAKE_CUDA_")
@@ -43,6 +48,28 @@ def _library(cc: str, name: str) -> str | None:
     done = subprocess.run([cc, f"-print-file-name={name}"], capture_output=True, text=True, check=False)
     path = done.stdout.strip()
     return path if path.startswith("/") else None
+
+
+@dataclass(frozen=True)
+class Hook:
+    """An entry point the interposer wraps, as lp_hooks.h lists it: cuGetProcAddress(family) answers
+    with `name` from CUDA version `since` on, for the per-thread default stream where `per_thread`."""
+
+    name: str
+    family: str
+    since: int
+    per_thread: bool
+
+
+def hooked_entry_points() -> list[Hook]:
+    """The LP_HOOKED_FUNCS entries of lp_hooks.h, the interposer's one list of what it wraps."""
+    text = HOOKS_HEADER.read_text().replace("\\\n", " ")
+    body = next(line for line in text.splitlines() if line.startswith("#define LP_HOOKED_FUNCS(X)"))
+    entries = re.findall(r"\bX\((\w+), (\w+), (\d+), ([01]),", body)
+    assert entries and len(entries) == len(re.findall(r"\bX\(", body)), (
+        f"unreadable entries in {HOOKS_HEADER}"
+    )
+    return [Hook(name, family, int(since), per_thread == "1") for name, family, since, per_thread in entries]
 
 
 @dataclass(frozen=True)
@@ -94,14 +121,14 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
     fake_dir = out / "fake"
     fake_dir.mkdir()
     fake = fake_dir / "libcuda.so.1"
-    _run([cc, *WARNINGS, "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic-functions",
+    _run([cc, *WARNINGS, *INCLUDES, "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic-functions",
           "-Wl,-soname,libcuda.so.1", "-o", str(fake), str(HERE / "fake_cuda" / "fake_libcuda.c"), "-lpthread"])  # fmt: skip
     (fake_dir / "libcuda.so").symlink_to("libcuda.so.1")
 
     memprobe, launchprobe, nextprobe = out / "memprobe", out / "launchprobe", out / "nextprobe"
     link = ["-L", str(fake_dir), "-lcuda"]
-    _run([cc, *WARNINGS, "-o", str(memprobe), str(PROGRAMS / "memprobe.c"), *link, "-ldl"])
-    _run([cc, *WARNINGS, "-o", str(launchprobe), str(PROGRAMS / "launchprobe.c"), *link])
+    _run([cc, *WARNINGS, *INCLUDES, "-o", str(memprobe), str(PROGRAMS / "memprobe.c"), *link, "-ldl"])
+    _run([cc, *WARNINGS, *INCLUDES, "-o", str(launchprobe), str(PROGRAMS / "launchprobe.c"), *link])
     rtld = str(PROGRAMS / "rtld_next.c")
     _run([cc, *WARNINGS, "-fPIC", "-shared", "-DPART_B", "-o", str(out / "libnext_b.so"), rtld, "-ldl"])
     _run([cc, *WARNINGS, "-fPIC", "-shared", "-DPART_C", "-o", str(out / "libnext_c.so"), rtld])

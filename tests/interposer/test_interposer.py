@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.interposer.conftest import Build
+from tests.interposer.conftest import Build, hooked_entry_points
 
 MIB = 1 << 20
 CAP_MIB = 1024
@@ -225,6 +225,20 @@ def test_symbols_resolve_to_the_wrappers(probes) -> None:
     ]
     for query, kind in expectations:
         assert p.cmd(f"proc {query}") == f"proc 0 {kind}", query
+    assert p.stderr() == ""
+
+
+@pytest.mark.timeout(30)
+def test_every_hooked_entry_point_resolves_to_its_wrapper(probes) -> None:
+    """Every entry point in the interposer's list (lp_hooks.h) is exported and handed out for the driver's
+    own: by dlsym on libcuda, and by cuGetProcAddress for its family, version and per-thread flag."""
+    hooks = hooked_entry_points()
+    assert len({h.name for h in hooks}) == len(hooks), hooks
+    p = probes()
+    for hook in hooks:
+        flags = 2 if hook.per_thread else 0  # CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+        assert p.cmd(f"sym {hook.name}") == "sym wrapper", hook
+        assert p.cmd(f"proc {hook.family} {hook.since} {flags} {hook.name}") == "proc 0 wrapper", hook
     assert p.stderr() == ""
 
 

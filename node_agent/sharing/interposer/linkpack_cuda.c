@@ -8,7 +8,8 @@
  *   - cuGetProcAddress / cuGetProcAddress_v2 (how CUDA 12/13 runtimes get every entry point) are
  *     wrapped: the driver's answer is mapped to the wrapper of the same function, by address, or
  *     failing that by name, version and per-thread-stream flag.
- * The memory wrappers live in lp_memory.c, the launch wrappers in lp_compute.c.
+ * The hooked entry points are listed once, in lp_hooks.h. The memory wrappers live in lp_memory.c,
+ * the launch wrappers in lp_compute.c, the accounting file they share in lp_accounting.c.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -27,8 +28,10 @@
 struct lp_config lp_cfg;
 
 #define LP_DEFINE_REAL(name, args) lp_pfn_##name lp_real_##name;
-LP_HOOKED_FUNCS(LP_DEFINE_REAL)
+#define LP_DEFINE_HOOKED_REAL(name, family, since, per_thread, args) LP_DEFINE_REAL(name, args)
+LP_HOOKED_FUNCS(LP_DEFINE_HOOKED_REAL)
 LP_HELPER_FUNCS(LP_DEFINE_REAL)
+#undef LP_DEFINE_HOOKED_REAL
 #undef LP_DEFINE_REAL
 
 /* ------------------------------------------------------------------------------------------------
@@ -68,8 +71,7 @@ void lp_report(const char *fmt, ...) {
 
 CUresult lp_missing(const char *name) {
     if (!lp_driver())
-        lp_report("real CUDA driver %s could not be loaded; %s fails with CUDA_ERROR_NOT_FOUND",
-                  lp_cfg.real_lib, name);
+        lp_report("real CUDA driver %s could not be loaded; %s fails with CUDA_ERROR_NOT_FOUND", lp_cfg.real_lib, name);
     else
         lp_report("real driver has no %s; the call fails with CUDA_ERROR_NOT_FOUND", name);
     return CUDA_ERROR_NOT_FOUND;
@@ -135,23 +137,26 @@ static uint64_t env_ms(const char *name, uint64_t dflt) {
     if (!text || !*text)
         return dflt * 1000000ULL;
     if (parse_u64(text, &v) != 0 || v == 0 || v > 3600000) {
-        lp_report("%s=%s is not a number of milliseconds; using %llu", name, text,
-                  (unsigned long long)dflt);
+        lp_report("%s=%s is not a number of milliseconds; using %llu", name, text, (unsigned long long)dflt);
         v = dflt;
     }
     return v * 1000000ULL;
 }
 
+/* The locks in the order they are taken: compute's, then the accounting file's, then memory's map. */
 static void atfork_prepare(void) {
     lp_compute_atfork_prepare();
+    lp_accounting_atfork_prepare();
     lp_memory_atfork_prepare();
 }
 static void atfork_parent(void) {
     lp_memory_atfork_parent();
+    lp_accounting_atfork_parent();
     lp_compute_atfork_parent();
 }
 static void atfork_child(void) {
     lp_memory_atfork_child();
+    lp_accounting_atfork_child();
     lp_compute_atfork_child();
 }
 
@@ -258,7 +263,7 @@ struct lp_hook {
     void **real;
 };
 
-#define LP_HOOK_ENTRY(name, args) {#name, (void *)&name, (void **)&lp_real_##name},
+#define LP_HOOK_ENTRY(name, family, since, per_thread, args) {#name, (void *)&name, (void **)&lp_real_##name},
 static const struct lp_hook hooks[] = {LP_HOOKED_FUNCS(LP_HOOK_ENTRY){NULL, NULL, NULL}};
 #undef LP_HOOK_ENTRY
 
@@ -267,20 +272,21 @@ static void load_driver(void) {
     driver_handle = sym ? dlopen(lp_cfg.real_lib, RTLD_LAZY | RTLD_LOCAL) : NULL;
     if (!driver_handle) {
         const char *err = dlerror();
-        lp_report("real CUDA driver %s not loadable (%s); CUDA calls fail and no limit is held",
-                  lp_cfg.real_lib, err ? err : "no dlsym");
+        lp_report("real CUDA driver %s not loadable (%s); CUDA calls fail and no limit is held", lp_cfg.real_lib,
+                  err ? err : "no dlsym");
         return;
     }
 #define LP_RESOLVE(name, args) lp_real_##name = (lp_pfn_##name)sym(driver_handle, #name);
-    LP_HOOKED_FUNCS(LP_RESOLVE)
+#define LP_RESOLVE_HOOKED(name, family, since, per_thread, args) LP_RESOLVE(name, args)
+    LP_HOOKED_FUNCS(LP_RESOLVE_HOOKED)
     LP_HELPER_FUNCS(LP_RESOLVE)
+#undef LP_RESOLVE_HOOKED
 #undef LP_RESOLVE
     if (!lp_real_cuEventElapsedTime) /* renamed _v2 in CUDA 12.8+ drivers that might drop the old one */
         lp_real_cuEventElapsedTime = (lp_pfn_cuEventElapsedTime)sym(driver_handle, "cuEventElapsedTime_v2");
     for (const struct lp_hook *h = hooks; h->name; h++) {
         if (*h->real == h->wrapper) { /* the "driver" is this library: refuse to call ourselves */
-            lp_report("%s resolves to the interposer itself; set LINKPACK_REAL_LIBCUDA to the driver",
-                      lp_cfg.real_lib);
+            lp_report("%s resolves to the interposer itself; set LINKPACK_REAL_LIBCUDA to the driver", lp_cfg.real_lib);
             *h->real = NULL;
         }
     }
@@ -329,8 +335,8 @@ static const struct lp_hook *hook_by_real(const void *fn) {
 }
 
 /* How the driver maps cuGetProcAddress's (name, cudaVersion, per-thread flag) to an entry point, for
- * the hooked families. variant NULL: an entry point the interposer does not wrap (the 32-bit legacy
- * ones), reported when asked for. */
+ * the hooked families (lp_hooks.h). variant NULL: an entry point the interposer does not wrap (the
+ * 32-bit legacy ones), reported when asked for. */
 struct lp_proc {
     const char *base;
     int since;
@@ -338,45 +344,15 @@ struct lp_proc {
     const char *variant;
 };
 
+#define LP_PROC_HOOKED(name, family, since, per_thread, args) {#family, since, per_thread, #name},
+#define LP_PROC_LEGACY(family, since) {#family, since, 0, NULL},
 static const struct lp_proc procs[] = {
-    {"cuMemAlloc", 2000, 0, NULL},
-    {"cuMemAlloc", 3020, 0, "cuMemAlloc_v2"},
-    {"cuMemAllocPitch", 2000, 0, NULL},
-    {"cuMemAllocPitch", 3020, 0, "cuMemAllocPitch_v2"},
-    {"cuMemAllocManaged", 6000, 0, "cuMemAllocManaged"},
-    {"cuMemAllocAsync", 11020, 0, "cuMemAllocAsync"},
-    {"cuMemAllocAsync", 11020, 1, "cuMemAllocAsync_ptsz"},
-    {"cuMemAllocFromPoolAsync", 11020, 0, "cuMemAllocFromPoolAsync"},
-    {"cuMemAllocFromPoolAsync", 11020, 1, "cuMemAllocFromPoolAsync_ptsz"},
-    {"cuMemFree", 2000, 0, NULL},
-    {"cuMemFree", 3020, 0, "cuMemFree_v2"},
-    {"cuMemFreeAsync", 11020, 0, "cuMemFreeAsync"},
-    {"cuMemFreeAsync", 11020, 1, "cuMemFreeAsync_ptsz"},
-    {"cuMemCreate", 10020, 0, "cuMemCreate"},
-    {"cuMemRelease", 10020, 0, "cuMemRelease"},
-    {"cuArrayCreate", 2000, 0, NULL},
-    {"cuArrayCreate", 3020, 0, "cuArrayCreate_v2"},
-    {"cuArray3DCreate", 2000, 0, NULL},
-    {"cuArray3DCreate", 3020, 0, "cuArray3DCreate_v2"},
-    {"cuArrayDestroy", 2000, 0, "cuArrayDestroy"},
-    {"cuMipmappedArrayCreate", 5000, 0, "cuMipmappedArrayCreate"},
-    {"cuMipmappedArrayDestroy", 5000, 0, "cuMipmappedArrayDestroy"},
-    {"cuMemGetInfo", 2000, 0, NULL},
-    {"cuMemGetInfo", 3020, 0, "cuMemGetInfo_v2"},
-    {"cuDeviceTotalMem", 2000, 0, NULL},
-    {"cuDeviceTotalMem", 3020, 0, "cuDeviceTotalMem_v2"},
-    {"cuLaunchKernel", 4000, 0, "cuLaunchKernel"},
-    {"cuLaunchKernel", 7000, 1, "cuLaunchKernel_ptsz"},
-    {"cuLaunchKernelEx", 11060, 0, "cuLaunchKernelEx"},
-    {"cuLaunchKernelEx", 11060, 1, "cuLaunchKernelEx_ptsz"},
-    {"cuLaunchCooperativeKernel", 9000, 0, "cuLaunchCooperativeKernel"},
-    {"cuLaunchCooperativeKernel", 9000, 1, "cuLaunchCooperativeKernel_ptsz"},
-    {"cuGraphLaunch", 10000, 0, "cuGraphLaunch"},
-    {"cuGraphLaunch", 10000, 1, "cuGraphLaunch_ptsz"},
-    {"cuGetProcAddress", 11030, 0, "cuGetProcAddress"},
-    {"cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2"},
+    LP_HOOKED_FUNCS(LP_PROC_HOOKED) /* the wrapped entry points */
+    LP_LEGACY_FUNCS(LP_PROC_LEGACY) /* the legacy ones, not wrapped */
     {NULL, 0, 0, NULL},
 };
+#undef LP_PROC_LEGACY
+#undef LP_PROC_HOOKED
 
 /* The wrapper for (symbol, version, flags) by the table above; *family says whether the name is a
  * hooked family at all. */
@@ -401,8 +377,8 @@ static const struct lp_hook *hook_by_proc(const char *symbol, int version, cuuin
 
 /* What a hooked-family symbol that maps to no wrapper means for the limits. */
 static void report_unwrapped(const char *symbol, int version, cuuint64_t flags) {
-    lp_report("no wrapper for %s at CUDA version %d (flags %llu); calls through it are not held to the limits",
-              symbol, version, (unsigned long long)flags);
+    lp_report("no wrapper for %s at CUDA version %d (flags %llu); calls through it are not held to the limits", symbol,
+              version, (unsigned long long)flags);
 }
 
 static void fix_proc_address(const char *symbol, void **pfn, int version, cuuint64_t flags) {

@@ -8,11 +8,12 @@
  * after LP_K launches so that measurements keep coming while the GPU stays behind. Costs: one
  * cuEventQuery and one cuEventRecord per launch, one more record per interval.
  *
- * Pacing is a token bucket per device and container, in the accounting file (shared by the
- * container's processes, updated with atomics): it fills at units/units_per_gpu nanoseconds per
- * nanosecond up to that share of the window (LINKPACK_COMPUTE_WINDOW_MS), and every measured
- * interval takes its busy time out. A launch waits while the tokens, less the estimated duration of
- * this process's launched-but-unmeasured work, are negative. Under the quota nothing waits.
+ * Pacing is a token bucket per device and container, kept in the words the accounting file
+ * (lp_accounting.c) holds for it, so that the container's processes share it (updated with atomics):
+ * it fills at units/units_per_gpu nanoseconds per nanosecond up to that share of the window
+ * (LINKPACK_COMPUTE_WINDOW_MS), and every measured interval takes its busy time out. A launch waits
+ * while the tokens, less the estimated duration of this process's launched-but-unmeasured work, are
+ * negative. Under the quota nothing waits.
  *
  * Priority: a high-priority process stamps the GPU's state file (LINKPACK_GPU_STATE_DIR, one file per
  * GPU UUID) busy until now + LINKPACK_PRIORITY_HOLD_MS at every launch; a low-priority process waits
@@ -34,11 +35,11 @@
 
 #include "lp_internal.h"
 
-#define LP_K 16                             /* launches in one interval at most */
-#define LP_RING 64                          /* closed intervals awaiting the GPU, per stream */
+#define LP_K 16    /* launches in one interval at most */
+#define LP_RING 64 /* closed intervals awaiting the GPU, per stream */
 #define LP_MAX_STREAMS 64
-#define LP_POOL 256                         /* spare events */
-#define LP_LOW_INFLIGHT_NS 2000000ULL       /* queued work a low-priority process may keep */
+#define LP_POOL 256                   /* spare events */
+#define LP_LOW_INFLIGHT_NS 2000000ULL /* queued work a low-priority process may keep */
 #define LP_STATE_BYTES 4096
 
 struct lp_ival {
@@ -61,6 +62,15 @@ struct lp_stream {
     uint64_t pending;     /* launches not yet measured */
     uint64_t last_use;
 };
+
+/* In the accounting file's words for the device (hence may_alias): its layout is shared with the
+ * container's other processes. */
+struct __attribute__((may_alias)) lp_bucket {
+    int64_t tokens_ns;
+    uint64_t last_ns;
+    uint64_t reserved[2];
+};
+_Static_assert(sizeof(struct lp_bucket) == LP_ACCT_COMPUTE_WORDS * sizeof(uint64_t), "token bucket layout");
 
 struct lp_gpu_state { /* the per-GPU file shared by the node's containers */
     uint64_t high_busy_until_ns;
@@ -94,8 +104,7 @@ static CUevent ev_get(CUcontext ctx) {
     CUevent e = NULL;
     CUresult rc = lp_real_cuEventCreate(&e, CU_EVENT_DEFAULT);
     if (rc != CUDA_SUCCESS) {
-        lp_report("cuEventCreate failed (error %d); launches are not timed and the compute quota is not held",
-                  rc);
+        lp_report("cuEventCreate failed (error %d); launches are not timed and the compute quota is not held", rc);
         return NULL;
     }
     return e;
@@ -116,13 +125,15 @@ static void ev_put(CUevent e, CUcontext ctx, int healthy) {
 /* ------------------------------------------------------------------------------------------------
  * the token bucket */
 
+static struct lp_bucket *bucket(int dev) { return (struct lp_bucket *)lp_acct_compute(dev); }
+
 static double quota(int dev) {
     int u = lp_cfg.units[dev];
     return u > 0 ? (double)u / (double)lp_cfg.units_per_gpu : 0.0;
 }
 
 static int64_t refill(int dev, double q) {
-    struct lp_bucket *b = lp_acct_bucket(dev);
+    struct lp_bucket *b = bucket(dev);
     int64_t burst = (int64_t)(q * (double)lp_cfg.window_ns);
     uint64_t now = lp_now_ns();
     uint64_t last = __atomic_load_n(&b->last_ns, __ATOMIC_ACQUIRE);
@@ -143,7 +154,7 @@ static int64_t refill(int dev, double q) {
 
 static void charge(int dev, uint64_t busy_ns) {
     if (quota(dev) > 0 && busy_ns)
-        __atomic_sub_fetch(&lp_acct_bucket(dev)->tokens_ns, (int64_t)busy_ns, __ATOMIC_ACQ_REL);
+        __atomic_sub_fetch(&bucket(dev)->tokens_ns, (int64_t)busy_ns, __ATOMIC_ACQ_REL);
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -213,8 +224,7 @@ static struct lp_stream *stream_get(CUcontext ctx, CUstream s, pid_t tid, int de
         if (!st->used) {
             if (!fresh)
                 fresh = st;
-        } else if (!st->count && !(st->open_valid && st->open.launches) &&
-                   (!idle || st->last_use < idle->last_use)) {
+        } else if (!st->count && !(st->open_valid && st->open.launches) && (!idle || st->last_use < idle->last_use)) {
             idle = st;
         }
     }
@@ -255,8 +265,8 @@ static void gpu_key(int dev, char *out, size_t n) {
         snprintf(out, n, "%s", entry);
     } else if (lp_real_cuDeviceGetUuid && lp_real_cuDeviceGetUuid(&u, dev) == CUDA_SUCCESS) {
         const unsigned char *b = (const unsigned char *)u.bytes;
-        snprintf(out, n, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
-                 b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+        snprintf(out, n, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+                 b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
     } else if (isdigit((unsigned char)entry[0])) {
         snprintf(out, n, "index-%s", entry);
     } else {
@@ -309,8 +319,8 @@ static void mark_high(int dev) {
     struct lp_gpu_state *g = gpu[dev];
     uint64_t until = lp_now_ns() + lp_cfg.hold_ns;
     uint64_t cur = __atomic_load_n(&g->high_busy_until_ns, __ATOMIC_ACQUIRE);
-    while (cur < until && !__atomic_compare_exchange_n(&g->high_busy_until_ns, &cur, until, 0, __ATOMIC_ACQ_REL,
-                                                      __ATOMIC_ACQUIRE)) {
+    while (cur < until &&
+           !__atomic_compare_exchange_n(&g->high_busy_until_ns, &cur, until, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
     }
     __atomic_add_fetch(&g->high_launches, 1, __ATOMIC_RELAXED);
 }
@@ -333,9 +343,7 @@ struct lp_launch {
     CUcontext ctx;
 };
 
-static void nap(uint64_t ns) {
-    lp_sleep_ns(ns < 20000 ? 20000 : ns > 2000000 ? 2000000 : ns);
-}
+static void nap(uint64_t ns) { lp_sleep_ns(ns < 20000 ? 20000 : ns > 2000000 ? 2000000 : ns); }
 
 static void launch_begin(struct lp_launch *L, CUstream stream, int ptsz) {
     memset(L, 0, sizeof *L);
@@ -462,17 +470,17 @@ void lp_compute_atfork_child(void) { /* the parent's events and contexts mean no
 /* ------------------------------------------------------------------------------------------------
  * the wrappers */
 
-#define LP_LAUNCH(name, ptsz, stream, call)                                                            \
-    do {                                                                                               \
-        if (!lp_driver() || !lp_real_##name)                                                           \
-            return lp_missing(#name);                                                                  \
-        if (!lp_enabled())                                                                             \
-            return lp_real_##name call;                                                                \
-        struct lp_launch L_;                                                                           \
-        launch_begin(&L_, (stream), (ptsz));                                                           \
-        CUresult rc_ = lp_real_##name call;                                                            \
-        launch_end(&L_, rc_);                                                                          \
-        return rc_;                                                                                    \
+#define LP_LAUNCH(name, ptsz, stream, call)                                                                            \
+    do {                                                                                                               \
+        if (!lp_driver() || !lp_real_##name)                                                                           \
+            return lp_missing(#name);                                                                                  \
+        if (!lp_enabled())                                                                                             \
+            return lp_real_##name call;                                                                                \
+        struct lp_launch L_;                                                                                           \
+        launch_begin(&L_, (stream), (ptsz));                                                                           \
+        CUresult rc_ = lp_real_##name call;                                                                            \
+        launch_end(&L_, rc_);                                                                                          \
+        return rc_;                                                                                                    \
     } while (0)
 
 LP_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
@@ -481,9 +489,9 @@ LP_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy
     LP_LAUNCH(cuLaunchKernel, 0, s, (f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));
 }
 
-LP_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                       unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
-                                       CUstream s, void **params, void **extra) {
+LP_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                                       unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params,
+                                       void **extra) {
     LP_LAUNCH(cuLaunchKernel_ptsz, 1, s, (f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));
 }
 
@@ -502,8 +510,8 @@ LP_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsi
 }
 
 LP_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                                  unsigned int bx, unsigned int by, unsigned int bz,
-                                                  unsigned int shmem, CUstream s, void **params) {
+                                                  unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+                                                  CUstream s, void **params) {
     LP_LAUNCH(cuLaunchCooperativeKernel_ptsz, 1, s, (f, gx, gy, gz, bx, by, bz, shmem, s, params));
 }
 

@@ -1,5 +1,7 @@
 /* The few CUDA driver API types, constants and structures the interposer touches, declared here so
- * that no CUDA header is needed to build it. Values and layouts follow the driver ABI (cuda.h). */
+ * that no CUDA header is needed to build it. Values and layouts follow the driver ABI (cuda.h).
+ * The tests' fake driver and probe programs (tests/interposer) include this same header; the layout
+ * checks at the end hold it to cuda.h's sizes and offsets on 64-bit targets. */
 #ifndef LP_CUDA_TYPES_H
 #define LP_CUDA_TYPES_H
 
@@ -29,6 +31,7 @@ enum {
     CUDA_ERROR_INVALID_VALUE = 1,
     CUDA_ERROR_OUT_OF_MEMORY = 2,
     CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
@@ -48,8 +51,9 @@ typedef int CUdriverProcAddressQueryResult;
 #define LP_CU_STREAM_PER_THREAD ((CUstream)0x2)
 
 enum { CU_STREAM_CAPTURE_STATUS_NONE = 0 };
-enum { CU_EVENT_DEFAULT = 0 };
+enum { CU_EVENT_DEFAULT = 0, CU_EVENT_DISABLE_TIMING = 2 };
 enum { CU_MEM_LOCATION_TYPE_DEVICE = 1 };
+enum { CU_AD_FORMAT_FLOAT = 0x20 }; /* a CUarray_format */
 
 typedef struct CUmemLocation_st {
     int type;
@@ -99,5 +103,28 @@ typedef struct CUlaunchConfig_st {
     CUlaunchAttribute *attrs;
     unsigned int numAttrs;
 } CUlaunchConfig;
+
+/* cuda.h's sizes and offsets on LP64 targets, where the library runs: a slip in the declarations above
+ * fails the build of the interposer and of the tests' fake driver alike. */
+#if defined(__LP64__)
+#define LP_LAYOUT(cond) _Static_assert(cond, "CUDA ABI layout: " #cond)
+LP_LAYOUT(sizeof(CUuuid) == 16);
+LP_LAYOUT(sizeof(CUmemLocation) == 8);
+LP_LAYOUT(sizeof(CUmemAllocationProp) == 32);
+LP_LAYOUT(offsetof(CUmemAllocationProp, location) == 8);
+LP_LAYOUT(offsetof(CUmemAllocationProp, win32HandleMetaData) == 16);
+LP_LAYOUT(offsetof(CUmemAllocationProp, allocFlags) == 24);
+LP_LAYOUT(sizeof(CUDA_ARRAY_DESCRIPTOR) == 24);
+LP_LAYOUT(offsetof(CUDA_ARRAY_DESCRIPTOR, Format) == 16);
+LP_LAYOUT(offsetof(CUDA_ARRAY_DESCRIPTOR, NumChannels) == 20);
+LP_LAYOUT(sizeof(CUDA_ARRAY3D_DESCRIPTOR) == 40);
+LP_LAYOUT(offsetof(CUDA_ARRAY3D_DESCRIPTOR, Format) == 24);
+LP_LAYOUT(offsetof(CUDA_ARRAY3D_DESCRIPTOR, NumChannels) == 28);
+LP_LAYOUT(offsetof(CUDA_ARRAY3D_DESCRIPTOR, Flags) == 32);
+LP_LAYOUT(sizeof(CUlaunchConfig) == 56);
+LP_LAYOUT(offsetof(CUlaunchConfig, hStream) == 32);
+LP_LAYOUT(offsetof(CUlaunchConfig, numAttrs) == 48);
+#undef LP_LAYOUT
+#endif
 
 #endif

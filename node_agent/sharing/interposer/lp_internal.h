@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include "lp_cuda_types.h"
+#include "lp_hooks.h"
 
 /* The library is loaded into containers whose C library may be older than the build machine's: bind
  * the few entry points that glibc 2.33/2.34 gave new symbol versions to their original versions, so
@@ -31,105 +32,69 @@ __asm__(".symver pthread_once,pthread_once@" LP_GLIBC_BASE);
 
 #define LP_MAX_DEVICES 16
 
-/* Driver entry points the interposer wraps: exported under the driver's own names. */
-#define LP_HOOKED_FUNCS(X)                                                                             \
-    X(cuMemAlloc_v2, (CUdeviceptr *, size_t))                                                          \
-    X(cuMemAllocPitch_v2, (CUdeviceptr *, size_t *, size_t, size_t, unsigned int))                     \
-    X(cuMemAllocManaged, (CUdeviceptr *, size_t, unsigned int))                                        \
-    X(cuMemAllocAsync, (CUdeviceptr *, size_t, CUstream))                                              \
-    X(cuMemAllocAsync_ptsz, (CUdeviceptr *, size_t, CUstream))                                         \
-    X(cuMemAllocFromPoolAsync, (CUdeviceptr *, size_t, CUmemoryPool, CUstream))                        \
-    X(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *, size_t, CUmemoryPool, CUstream))                   \
-    X(cuMemFree_v2, (CUdeviceptr))                                                                     \
-    X(cuMemFreeAsync, (CUdeviceptr, CUstream))                                                         \
-    X(cuMemFreeAsync_ptsz, (CUdeviceptr, CUstream))                                                    \
-    X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
-    X(cuMemRelease, (CUmemGenericAllocationHandle))                                                    \
-    X(cuArrayCreate_v2, (CUarray *, const CUDA_ARRAY_DESCRIPTOR *))                                    \
-    X(cuArray3DCreate_v2, (CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *))                                \
-    X(cuArrayDestroy, (CUarray))                                                                       \
-    X(cuMipmappedArrayCreate, (CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int))     \
-    X(cuMipmappedArrayDestroy, (CUmipmappedArray))                                                     \
-    X(cuMemGetInfo_v2, (size_t *, size_t *))                                                           \
-    X(cuDeviceTotalMem_v2, (size_t *, CUdevice))                                                       \
-    X(cuLaunchKernel, (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,              \
-                       unsigned int, unsigned int, unsigned int, CUstream, void **, void **))           \
-    X(cuLaunchKernel_ptsz, (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,         \
-                            unsigned int, unsigned int, unsigned int, CUstream, void **, void **))      \
-    X(cuLaunchKernelEx, (const CUlaunchConfig *, CUfunction, void **, void **))                        \
-    X(cuLaunchKernelEx_ptsz, (const CUlaunchConfig *, CUfunction, void **, void **))                   \
-    X(cuLaunchCooperativeKernel, (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,   \
-                                  unsigned int, unsigned int, unsigned int, CUstream, void **))         \
-    X(cuLaunchCooperativeKernel_ptsz, (CUfunction, unsigned int, unsigned int, unsigned int,           \
-                                       unsigned int, unsigned int, unsigned int, unsigned int, CUstream, \
-                                       void **))                                                       \
-    X(cuGraphLaunch, (CUgraphExec, CUstream))                                                          \
-    X(cuGraphLaunch_ptsz, (CUgraphExec, CUstream))                                                     \
-    X(cuGetProcAddress, (const char *, void **, int, cuuint64_t))                                      \
-    X(cuGetProcAddress_v2, (const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))
-
-/* Driver entry points the interposer only calls. */
-#define LP_HELPER_FUNCS(X)                                                                             \
-    X(cuCtxGetCurrent, (CUcontext *))                                                                  \
-    X(cuCtxGetDevice, (CUdevice *))                                                                    \
-    X(cuDeviceGetUuid, (CUuuid *, CUdevice))                                                           \
-    X(cuEventCreate, (CUevent *, unsigned int))                                                        \
-    X(cuEventRecord, (CUevent, CUstream))                                                              \
-    X(cuEventQuery, (CUevent))                                                                         \
-    X(cuEventElapsedTime, (float *, CUevent, CUevent))                                                 \
-    X(cuEventDestroy_v2, (CUevent))                                                                    \
-    X(cuStreamIsCapturing, (CUstream, int *))
-
-#define LP_DECLARE_REAL(name, args)                                                                    \
-    typedef CUresult(*lp_pfn_##name) args;                                                             \
+#define LP_DECLARE_REAL(name, args)                                                                                    \
+    typedef CUresult(*lp_pfn_##name) args;                                                                             \
     extern LP_HIDDEN lp_pfn_##name lp_real_##name;
-LP_HOOKED_FUNCS(LP_DECLARE_REAL)
+#define LP_DECLARE_HOOKED(name, family, since, per_thread, args)                                                       \
+    LP_DECLARE_REAL(name, args)                                                                                        \
+    extern LP_EXPORT CUresult name args;
+LP_HOOKED_FUNCS(LP_DECLARE_HOOKED)
 LP_HELPER_FUNCS(LP_DECLARE_REAL)
+#undef LP_DECLARE_HOOKED
 #undef LP_DECLARE_REAL
-
-#define LP_DECLARE_WRAPPER(name, args) extern LP_EXPORT CUresult name args;
-LP_HOOKED_FUNCS(LP_DECLARE_WRAPPER)
-#undef LP_DECLARE_WRAPPER
 
 enum lp_priority { LP_PRIO_NORMAL = 0, LP_PRIO_HIGH = 1, LP_PRIO_LOW = 2 };
 
 struct lp_config {
-    int enabled;                           /* LINKPACK_INTERPOSER != off */
-    int any_mem_cap;                       /* some device has a memory cap */
-    uint64_t mem_cap[LP_MAX_DEVICES];      /* bytes; 0 = no cap */
-    int units[LP_MAX_DEVICES];             /* compute units; 0 = no quota */
-    int units_per_gpu;                     /* LINKPACK_UNITS_PER_GPU, default 100 */
-    int any_quota;                         /* some device has 0 < units < units_per_gpu */
-    int priority;                          /* enum lp_priority */
-    uint64_t window_ns;                    /* pacing window (LINKPACK_COMPUTE_WINDOW_MS) */
-    uint64_t hold_ns;                      /* how long a high-priority launch marks the GPU busy */
+    int enabled;                      /* LINKPACK_INTERPOSER != off */
+    int any_mem_cap;                  /* some device has a memory cap */
+    uint64_t mem_cap[LP_MAX_DEVICES]; /* bytes; 0 = no cap */
+    int units[LP_MAX_DEVICES];        /* compute units; 0 = no quota */
+    int units_per_gpu;                /* LINKPACK_UNITS_PER_GPU, default 100 */
+    int any_quota;                    /* some device has 0 < units < units_per_gpu */
+    int priority;                     /* enum lp_priority */
+    uint64_t window_ns;               /* pacing window (LINKPACK_COMPUTE_WINDOW_MS) */
+    uint64_t hold_ns;                 /* how long a high-priority launch marks the GPU busy */
     char accounting_path[PATH_MAX];
-    char state_dir[PATH_MAX];              /* empty: no priority coordination */
+    char state_dir[PATH_MAX]; /* empty: no priority coordination */
     char real_lib[PATH_MAX];
 };
 
 extern LP_HIDDEN struct lp_config lp_cfg;
 
 /* linkpack_cuda.c */
-LP_HIDDEN void lp_init(void);                 /* reads the environment once */
-LP_HIDDEN int lp_enabled(void);               /* lp_init + kill switch */
-LP_HIDDEN int lp_driver(void);                /* real driver loaded and resolved (1) or not (0) */
+LP_HIDDEN void lp_init(void);                    /* reads the environment once */
+LP_HIDDEN int lp_enabled(void);                  /* lp_init + kill switch */
+LP_HIDDEN int lp_driver(void);                   /* real driver loaded and resolved (1) or not (0) */
 LP_HIDDEN CUresult lp_missing(const char *name); /* reports a missing real entry point */
 LP_HIDDEN void lp_report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-LP_HIDDEN int lp_current_device(int *dev);    /* 0 when the current context's device is known */
+LP_HIDDEN int lp_current_device(int *dev); /* 0 when the current context's device is known */
 LP_HIDDEN uint64_t lp_now_ns(void);
 LP_HIDDEN void lp_sleep_ns(uint64_t ns);
 
+/* lp_accounting.c: the container's accounting file (LINKPACK_ACCOUNTING_FILE), mmap'ed by all its
+ * processes: a slot per process with its memory use per device, and LP_ACCT_COMPUTE_WORDS words per
+ * device (all zero at first) that lp_compute.c keeps its token bucket in. Without a usable file, a
+ * table of this process's own.
+ *   lp_acct_lock     takes the process's lock and the file's (attaching first, once per process) and
+ *                    clears the slots of processes known dead; lp_acct_unlock lets both go.
+ *   lp_acct_reclaim  (locked) clears the slots of dead processes, asking /proc too.
+ *   lp_acct_used     (locked) the bytes the container's processes use on a device.
+ *   lp_acct_add      (locked) adds to, and takes from (not below 0), this process's use of a device.
+ *   lp_acct_compute  a device's words for the compute quota (attaching first if need be). */
+#define LP_ACCT_COMPUTE_WORDS 4
+
+LP_HIDDEN void lp_acct_lock(void);
+LP_HIDDEN void lp_acct_unlock(void);
+LP_HIDDEN void lp_acct_reclaim(void);
+LP_HIDDEN uint64_t lp_acct_used(int dev);
+LP_HIDDEN void lp_acct_add(int dev, uint64_t more, uint64_t less);
+LP_HIDDEN uint64_t *lp_acct_compute(int dev);
+LP_HIDDEN void lp_accounting_atfork_prepare(void);
+LP_HIDDEN void lp_accounting_atfork_parent(void);
+LP_HIDDEN void lp_accounting_atfork_child(void);
+
 /* lp_memory.c */
-enum lp_kind { LP_KIND_DPTR = 1, LP_KIND_ARRAY = 2, LP_KIND_MIPMAP = 3, LP_KIND_VMM = 4 };
-
-struct lp_bucket {                             /* compute token bucket, one per device and container */
-    int64_t tokens_ns;
-    uint64_t last_ns;
-    uint64_t reserved[2];
-};
-
-LP_HIDDEN struct lp_bucket *lp_acct_bucket(int dev);
 LP_HIDDEN void lp_memory_atfork_prepare(void);
 LP_HIDDEN void lp_memory_atfork_parent(void);
 LP_HIDDEN void lp_memory_atfork_child(void);

@@ -1,57 +1,19 @@
 /* Memory caps: one budget per container, across all its processes.
  *
- * The accounting file (LINKPACK_ACCOUNTING_FILE) is mmap'ed by every process of the container. It
- * holds one slot per process (pid, start time, bytes in use per device) and the compute token
- * buckets. Changes are made under flock() on a descriptor of the process's own (reopened after
- * fork) plus a process mutex: the kernel drops the file lock when a process dies, whatever kills it.
- * A slot whose process is gone (kill(pid, 0) fails with ESRCH, or /proc says zombie or a different
- * start time) is cleared the next time the table is touched, which reclaims the usage of a process
- * killed mid-allocation, SIGKILL included. Each process also keeps a private map from pointer or
- * handle to (size, device) so that frees are credited back exactly.
+ * Every allocation is counted against the cap of its device before the driver is called, in this
+ * process's slot of the container's accounting file (lp_accounting.c), whose slots together are the
+ * container's use; one that does not fit gets CUDA_ERROR_OUT_OF_MEMORY without reaching the driver.
+ * Each process also keeps a private map from pointer or handle to (size, device) so that frees are
+ * credited back exactly.
  */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
-#include <signal.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/file.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "lp_internal.h"
 
-#define LP_MAX_PROCS 128
-#define LP_ACCT_MAGIC 0x31544343414b504cULL /* "LPKACCT1" */
-#define LP_ACCT_VERSION 1u
-
-struct lp_slot {
-    int32_t pid;
-    uint32_t reserved;
-    uint64_t start_time; /* /proc/<pid>/stat field 22, to tell a reused pid */
-    uint64_t used[LP_MAX_DEVICES];
-};
-
-struct lp_acct {
-    uint64_t magic;
-    uint32_t version;
-    uint32_t nslots;
-    uint32_t ndevices;
-    uint32_t reserved0;
-    uint64_t reserved[5];
-    struct lp_bucket bucket[LP_MAX_DEVICES];
-    struct lp_slot slot[LP_MAX_PROCS];
-};
-
-static pthread_mutex_t mem_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct lp_acct local_acct; /* when the shared file is unusable: this process alone */
-static struct lp_acct *table;
-static int acct_fd = -1;
-static int my_slot = -1;
-static pid_t my_pid;
+enum lp_kind { LP_KIND_DPTR = 1, LP_KIND_ARRAY = 2, LP_KIND_MIPMAP = 3, LP_KIND_VMM = 4 };
 
 /* ------------------------------------------------------------------------------------------------
  * the private map: (kind, pointer or handle) -> (bytes, device) */
@@ -63,8 +25,11 @@ struct lp_entry {
     int32_t dev;
 };
 
+/* map_lock guards the map; it is taken inside the accounting lock, never the other way round */
+static pthread_mutex_t map_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct lp_entry *map;
 static size_t map_cap, map_used, map_live;
+static pid_t map_pid; /* the process the map belongs to: a forked child's copy is its parent's */
 
 static size_t map_slot(uint64_t key, int kind) {
     uint64_t h = key ^ ((uint64_t)kind * 0x9e3779b97f4a7c15ULL);
@@ -118,6 +83,17 @@ static int map_put(int kind, uint64_t key, uint64_t bytes, int dev) {
     return 0;
 }
 
+/* With map_lock held: the map, made this process's own (emptied in a forked child). */
+static void map_claim(void) {
+    pid_t me = getpid();
+    if (map_pid == me)
+        return;
+    free(map);
+    map = NULL;
+    map_cap = map_used = map_live = 0;
+    map_pid = me;
+}
+
 static int map_take(int kind, uint64_t key, struct lp_entry *out) {
     if (!map_cap)
         return 0;
@@ -134,207 +110,9 @@ static int map_take(int kind, uint64_t key, struct lp_entry *out) {
     return 0;
 }
 
-/* ------------------------------------------------------------------------------------------------
- * processes: alive or gone */
-
-static int proc_stat(pid_t pid, char *state, uint64_t *start) {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
-    if (!p || p[1] != ' ')
-        return -1;
-    p += 2;
-    *state = *p;
-    /* field 3 is the state; the start time is field 22 */
-    for (int field = 3; field < 22 && *p; p++)
-        if (*p == ' ')
-            field++;
-    *start = strtoull(p, NULL, 10);
-    return 0;
-}
-
-static int have_proc = -1;
-
-static int slot_dead(const struct lp_slot *s, int thorough) {
-    if (s->pid <= 0)
-        return 0;
-    if (kill(s->pid, 0) == -1 && errno == ESRCH)
-        return 1;
-    if (!thorough)
-        return 0;
-    if (have_proc < 0) {
-        char st;
-        uint64_t t;
-        have_proc = proc_stat(getpid(), &st, &t) == 0;
-    }
-    if (!have_proc)
-        return 0;
-    char state;
-    uint64_t start;
-    if (proc_stat(s->pid, &state, &start) != 0)
-        return 1;
-    return state == 'Z' || state == 'X' || (s->start_time && start != s->start_time);
-}
-
-static void reclaim(int thorough) {
-    for (int i = 0; i < (int)LP_MAX_PROCS; i++)
-        if (i != my_slot && table->slot[i].pid && slot_dead(&table->slot[i], thorough))
-            memset(&table->slot[i], 0, sizeof table->slot[i]);
-}
-
-static void use_local(void) {
-    memset(&local_acct, 0, sizeof local_acct);
-    table = &local_acct;
-    my_slot = 0;
-    local_acct.slot[0].pid = (int32_t)getpid();
-}
-
-static void attach_shared(void) {
-    const char *path = lp_cfg.accounting_path;
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        lp_report("accounting file %s unusable (%s); limits are held per process, not per container",
-                  path, strerror(errno));
-        use_local();
-        return;
-    }
-    (void)fchmod(fd, 0666); /* every user of the container shares it, whatever the umask */
-    while (flock(fd, LOCK_EX) == -1) {
-        if (errno != EINTR) {
-            lp_report("accounting file %s cannot be locked (%s); limits are held per process", path,
-                      strerror(errno));
-            close(fd);
-            use_local();
-        return;
-        }
-    }
-    void *m = MAP_FAILED;
-    const char *why = NULL;
-    off_t size = lseek(fd, 0, SEEK_END); /* not fstat: its symbol version is glibc 2.33's */
-    if (size < 0)
-        why = strerror(errno);
-    else if ((size_t)size < sizeof(struct lp_acct) && ftruncate(fd, sizeof(struct lp_acct)) != 0)
-        why = strerror(errno);
-    else if ((m = mmap(NULL, sizeof(struct lp_acct), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
-        why = strerror(errno);
-    struct lp_acct *a = m == MAP_FAILED ? NULL : m;
-    if (a && a->magic == 0) { /* new (all zero is a valid empty table) */
-        a->version = LP_ACCT_VERSION;
-        a->nslots = LP_MAX_PROCS;
-        a->ndevices = LP_MAX_DEVICES;
-        __atomic_store_n(&a->magic, LP_ACCT_MAGIC, __ATOMIC_RELEASE);
-    } else if (a && (a->magic != LP_ACCT_MAGIC || a->version != LP_ACCT_VERSION || a->nslots != LP_MAX_PROCS ||
-                     a->ndevices != LP_MAX_DEVICES)) {
-        why = "unknown layout";
-    }
-    if (why) {
-        flock(fd, LOCK_UN);
-        close(fd);
-        if (a)
-            munmap(a, sizeof *a);
-        lp_report("accounting file %s unusable (%s); limits are held per process, not per container",
-                  path, why);
-        use_local();
-        return;
-    }
-    table = a;
-    acct_fd = fd;
-    my_slot = -1;
-    reclaim(1);
-    pid_t me = getpid();
-    for (int i = 0; i < (int)LP_MAX_PROCS; i++)
-        if (a->slot[i].pid == me) /* a stale slot of an earlier process with this pid */
-            memset(&a->slot[i], 0, sizeof a->slot[i]);
-    for (int i = 0; i < (int)LP_MAX_PROCS && my_slot < 0; i++) {
-        if (a->slot[i].pid == 0) {
-            char state;
-            uint64_t start = 0;
-            memset(&a->slot[i], 0, sizeof a->slot[i]);
-            if (proc_stat(me, &state, &start) != 0)
-                start = 0;
-            a->slot[i].start_time = start;
-            a->slot[i].pid = (int32_t)me;
-            my_slot = i;
-        }
-    }
-    flock(fd, LOCK_UN);
-    if (my_slot < 0) {
-        close(fd);
-        acct_fd = -1;
-        munmap(a, sizeof *a);
-        lp_report("accounting file %s has no free slot (%d processes); limits are held per process", path,
-                  LP_MAX_PROCS);
-        use_local();
-    }
-}
-
-/* With mem_lock held: attach once per process (again in a forked child). */
-static void attach(void) {
-    pid_t me = getpid();
-    if (table && my_pid == me)
-        return;
-    if (table && table != &local_acct) /* a forked child: the parent's slot and descriptor are not ours */
-        munmap(table, sizeof *table);
-    if (acct_fd >= 0)
-        close(acct_fd);
-    acct_fd = -1;
-    table = NULL;
-    free(map);
-    map = NULL;
-    map_cap = map_used = map_live = 0;
-    my_pid = me;
-    attach_shared();
-}
-
-static void lock_table(void) {
-    pthread_mutex_lock(&mem_lock);
-    attach();
-    if (acct_fd >= 0)
-        while (flock(acct_fd, LOCK_EX) == -1 && errno == EINTR) {
-        }
-    reclaim(0);
-}
-
-static void unlock_table(void) {
-    if (acct_fd >= 0)
-        flock(acct_fd, LOCK_UN);
-    pthread_mutex_unlock(&mem_lock);
-}
-
-static uint64_t used_on(int dev) {
-    uint64_t sum = 0;
-    for (int i = 0; i < (int)LP_MAX_PROCS; i++)
-        if (table->slot[i].pid)
-            sum += table->slot[i].used[dev];
-    return sum;
-}
-
-static void add_used(int dev, uint64_t more, uint64_t less) {
-    uint64_t *u = &table->slot[my_slot].used[dev];
-    *u += more;
-    *u = *u > less ? *u - less : 0;
-}
-
-struct lp_bucket *lp_acct_bucket(int dev) {
-    if (!(table && my_pid == getpid())) {
-        pthread_mutex_lock(&mem_lock);
-        attach();
-        pthread_mutex_unlock(&mem_lock);
-    }
-    return &table->bucket[dev];
-}
-
-void lp_memory_atfork_prepare(void) { pthread_mutex_lock(&mem_lock); }
-void lp_memory_atfork_parent(void) { pthread_mutex_unlock(&mem_lock); }
-void lp_memory_atfork_child(void) { pthread_mutex_init(&mem_lock, NULL); }
+void lp_memory_atfork_prepare(void) { pthread_mutex_lock(&map_lock); }
+void lp_memory_atfork_parent(void) { pthread_mutex_unlock(&map_lock); }
+void lp_memory_atfork_child(void) { pthread_mutex_init(&map_lock, NULL); }
 
 /* ------------------------------------------------------------------------------------------------
  * reserve before the driver call, settle after it */
@@ -354,25 +132,24 @@ static int reserve(struct lp_res *r, uint64_t bytes, int dev) {
     if (dev < 0 && lp_current_device(&dev) != 0)
         return LP_PASS; /* no current context: the driver will refuse the call itself */
     if (dev >= LP_MAX_DEVICES) {
-        lp_report("device %d is beyond the %d the interposer tracks; its memory is not capped", dev,
-                  LP_MAX_DEVICES);
+        lp_report("device %d is beyond the %d the interposer tracks; its memory is not capped", dev, LP_MAX_DEVICES);
         return LP_PASS;
     }
     uint64_t cap = lp_cfg.mem_cap[dev];
     if (!cap)
         return LP_PASS;
-    lock_table();
-    uint64_t used = used_on(dev);
+    lp_acct_lock();
+    uint64_t used = lp_acct_used(dev);
     if (bytes > cap || used > cap - bytes) {
-        reclaim(1);
-        used = used_on(dev);
+        lp_acct_reclaim();
+        used = lp_acct_used(dev);
     }
     if (bytes > cap || used > cap - bytes) {
-        unlock_table();
+        lp_acct_unlock();
         return LP_OOM;
     }
-    add_used(dev, bytes, 0);
-    unlock_table();
+    lp_acct_add(dev, bytes, 0);
+    lp_acct_unlock();
     *r = (struct lp_res){1, dev, bytes};
     return LP_RESERVED;
 }
@@ -380,15 +157,19 @@ static int reserve(struct lp_res *r, uint64_t bytes, int dev) {
 static void settle(const struct lp_res *r, int ok, int kind, uint64_t key, uint64_t actual) {
     if (!r->tracked)
         return;
-    lock_table();
+    lp_acct_lock();
     if (ok) {
-        add_used(r->dev, actual > r->bytes ? actual - r->bytes : 0, actual < r->bytes ? r->bytes - actual : 0);
-        if (map_put(kind, key, actual, r->dev) < 0)
+        lp_acct_add(r->dev, actual > r->bytes ? actual - r->bytes : 0, actual < r->bytes ? r->bytes - actual : 0);
+        pthread_mutex_lock(&map_lock);
+        map_claim();
+        int put = map_put(kind, key, actual, r->dev);
+        pthread_mutex_unlock(&map_lock);
+        if (put < 0)
             lp_report("out of host memory for the allocation map; a free will not be credited back");
     } else {
-        add_used(r->dev, 0, r->bytes);
+        lp_acct_add(r->dev, 0, r->bytes);
     }
-    unlock_table();
+    lp_acct_unlock();
 }
 
 /* Before a free: take the entry out of the map (so a new allocation at the same address cannot be
@@ -396,19 +177,24 @@ static void settle(const struct lp_res *r, int ok, int kind, uint64_t key, uint6
 static int take(int kind, uint64_t key, struct lp_entry *e) {
     if (!lp_cfg.any_mem_cap)
         return 0;
-    pthread_mutex_lock(&mem_lock);
-    int found = table && my_pid == getpid() ? map_take(kind, key, e) : 0;
-    pthread_mutex_unlock(&mem_lock);
+    pthread_mutex_lock(&map_lock);
+    int found = map_pid == getpid() ? map_take(kind, key, e) : 0;
+    pthread_mutex_unlock(&map_lock);
     return found;
 }
 
 static void finish_free(const struct lp_entry *e, CUresult rc) {
-    lock_table();
-    if (rc == CUDA_SUCCESS)
-        add_used(e->dev, 0, e->bytes);
-    else if (map_put(e->kind, e->key, e->bytes, e->dev) < 0)
-        add_used(e->dev, 0, e->bytes);
-    unlock_table();
+    lp_acct_lock();
+    int credit = rc == CUDA_SUCCESS;
+    if (!credit) {
+        pthread_mutex_lock(&map_lock);
+        map_claim();
+        credit = map_put(e->kind, e->key, e->bytes, e->dev) < 0;
+        pthread_mutex_unlock(&map_lock);
+    }
+    if (credit)
+        lp_acct_add(e->dev, 0, e->bytes);
+    lp_acct_unlock();
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -420,26 +206,41 @@ static uint64_t mul_sat(uint64_t a, uint64_t b) {
     return a * b;
 }
 
-static uint64_t round_up(uint64_t v, uint64_t to) {
-    return v > UINT64_MAX - to ? UINT64_MAX : (v + to - 1) / to * to;
-}
+static uint64_t round_up(uint64_t v, uint64_t to) { return v > UINT64_MAX - to ? UINT64_MAX : (v + to - 1) / to * to; }
 
 /* Bytes per pixel of an array format, in sixteenths (NV12 holds 1.5 bytes a pixel, BC blocks less
  * than one): a per-channel size times the channel count, or per pixel for the packed formats. */
 static uint64_t pixel_sixteenths(int format, unsigned channels) {
     uint64_t ch = channels ? channels : 1;
     switch (format) {
-    case 0x01: case 0x08: case 0xc0: case 0xc1: case 0xc2: case 0xc6: case 0xc7: case 0xc8:
+    case 0x01:
+    case 0x08:
+    case 0xc0:
+    case 0xc1:
+    case 0xc2:
+    case 0xc6:
+    case 0xc7:
+    case 0xc8:
         return 16 * ch; /* 8-bit */
-    case 0x02: case 0x09: case 0x10: case 0xc3: case 0xc4: case 0xc5: case 0xc9: case 0xca: case 0xcb:
+    case 0x02:
+    case 0x09:
+    case 0x10:
+    case 0xc3:
+    case 0xc4:
+    case 0xc5:
+    case 0xc9:
+    case 0xca:
+    case 0xcb:
         return 32 * ch; /* 16-bit, half */
-    case 0x03: case 0x0a: case 0x20:
+    case 0x03:
+    case 0x0a:
+    case 0x20:
         return 64 * ch; /* 32-bit, float */
     case 0xb0:
         return 24; /* NV12: 8-bit luma plus half-size chroma */
     default:
         if (format >= 0x91 && format <= 0x9e)
-            return 16; /* block-compressed: at most one byte a pixel */
+            return 16;  /* block-compressed: at most one byte a pixel */
         return 64 * ch; /* unknown: four bytes a channel, on the safe side */
     }
 }
@@ -467,37 +268,36 @@ static uint64_t array3d_bytes(const CUDA_ARRAY3D_DESCRIPTOR *a, unsigned levels)
 /* ------------------------------------------------------------------------------------------------
  * the wrappers */
 
-#define LP_NEED(name)                                                                                  \
-    do {                                                                                               \
-        if (!lp_driver() || !lp_real_##name)                                                           \
-            return lp_missing(#name);                                                                  \
+#define LP_NEED(name)                                                                                                  \
+    do {                                                                                                               \
+        if (!lp_driver() || !lp_real_##name)                                                                           \
+            return lp_missing(#name);                                                                                  \
     } while (0)
 
-#define LP_ALLOC(name, kind, want, dev, handle_expr, call)                                            \
-    do {                                                                                               \
-        LP_NEED(name);                                                                                 \
-        if (!lp_enabled())                                                                             \
-            return lp_real_##name call;                                                                \
-        struct lp_res r_ = {0, 0, 0};                                                                            \
-        if (reserve(&r_, (want), (dev)) == LP_OOM)                                                     \
-            return CUDA_ERROR_OUT_OF_MEMORY;                                                           \
-        CUresult rc_ = lp_real_##name call;                                                            \
-        settle(&r_, rc_ == CUDA_SUCCESS, (kind), rc_ == CUDA_SUCCESS ? (uint64_t)(handle_expr) : 0,    \
-               r_.bytes);                                                                              \
-        return rc_;                                                                                    \
+#define LP_ALLOC(name, kind, want, dev, handle_expr, call)                                                             \
+    do {                                                                                                               \
+        LP_NEED(name);                                                                                                 \
+        if (!lp_enabled())                                                                                             \
+            return lp_real_##name call;                                                                                \
+        struct lp_res r_ = {0, 0, 0};                                                                                  \
+        if (reserve(&r_, (want), (dev)) == LP_OOM)                                                                     \
+            return CUDA_ERROR_OUT_OF_MEMORY;                                                                           \
+        CUresult rc_ = lp_real_##name call;                                                                            \
+        settle(&r_, rc_ == CUDA_SUCCESS, (kind), rc_ == CUDA_SUCCESS ? (uint64_t)(handle_expr) : 0, r_.bytes);         \
+        return rc_;                                                                                                    \
     } while (0)
 
-#define LP_FREE(name, kind, key, call)                                                                 \
-    do {                                                                                               \
-        LP_NEED(name);                                                                                 \
-        if (!lp_enabled())                                                                             \
-            return lp_real_##name call;                                                                \
-        struct lp_entry e_;                                                                            \
-        int had_ = take((kind), (uint64_t)(key), &e_);                                                 \
-        CUresult rc_ = lp_real_##name call;                                                            \
-        if (had_)                                                                                      \
-            finish_free(&e_, rc_);                                                                     \
-        return rc_;                                                                                    \
+#define LP_FREE(name, kind, key, call)                                                                                 \
+    do {                                                                                                               \
+        LP_NEED(name);                                                                                                 \
+        if (!lp_enabled())                                                                                             \
+            return lp_real_##name call;                                                                                \
+        struct lp_entry e_;                                                                                            \
+        int had_ = take((kind), (uint64_t)(key), &e_);                                                                 \
+        CUresult rc_ = lp_real_##name call;                                                                            \
+        if (had_)                                                                                                      \
+            finish_free(&e_, rc_);                                                                                     \
+        return rc_;                                                                                                    \
     } while (0)
 
 LP_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
@@ -520,8 +320,7 @@ LP_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, C
     LP_ALLOC(cuMemAllocFromPoolAsync, LP_KIND_DPTR, bytesize, -1, *dptr, (dptr, bytesize, pool, s));
 }
 
-LP_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                                CUstream s) {
+LP_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s) {
     LP_ALLOC(cuMemAllocFromPoolAsync_ptsz, LP_KIND_DPTR, bytesize, -1, *dptr, (dptr, bytesize, pool, s));
 }
 
@@ -593,10 +392,10 @@ LP_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
         lp_current_device(&dev) != 0 || dev >= LP_MAX_DEVICES || !lp_cfg.mem_cap[dev])
         return rc;
     uint64_t cap = lp_cfg.mem_cap[dev];
-    lock_table();
-    reclaim(1);
-    uint64_t used = used_on(dev);
-    unlock_table();
+    lp_acct_lock();
+    lp_acct_reclaim();
+    uint64_t used = lp_acct_used(dev);
+    lp_acct_unlock();
     uint64_t total = cap < *total_bytes ? cap : *total_bytes;
     uint64_t left = used >= total ? 0 : total - used;
     *total_bytes = (size_t)total;

@@ -25,81 +25,30 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "probe_cuda.h" /* the interposer's CUDA types and entry-point lists, and the tests' extras */
+
 #define EXPORT __attribute__((visibility("default")))
-
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef unsigned long long CUmemGenericAllocationHandle;
-typedef struct fake_ctx *CUcontext;
-typedef struct fake_stream *CUstream;
-typedef struct fake_event *CUevent;
-typedef struct CUfunc_st *CUfunction;
-typedef struct fake_array *CUarray;
-typedef struct fake_array *CUmipmappedArray;
-typedef struct fake_pool *CUmemoryPool;
-typedef struct CUgraphExec_st *CUgraphExec;
-typedef struct {
-    char bytes[16];
-} CUuuid;
-typedef struct {
-    int type, id;
-} CUmemLocation;
-typedef struct {
-    int type;
-    int requestedHandleTypes;
-    CUmemLocation location;
-    void *win32HandleMetaData;
-    unsigned char allocFlags[8];
-} CUmemAllocationProp;
-typedef struct {
-    size_t Width, Height;
-    int Format;
-    unsigned int NumChannels;
-} CUDA_ARRAY_DESCRIPTOR;
-typedef struct {
-    size_t Width, Height, Depth;
-    int Format;
-    unsigned int NumChannels, Flags;
-} CUDA_ARRAY3D_DESCRIPTOR;
-typedef struct {
-    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
-    CUstream hStream;
-    void *attrs;
-    unsigned int numAttrs;
-} CUlaunchConfig;
-
-enum {
-    OK = 0,
-    E_INVALID_VALUE = 1,
-    E_OUT_OF_MEMORY = 2,
-    E_NOT_INITIALIZED = 3,
-    E_INVALID_DEVICE = 101,
-    E_INVALID_CONTEXT = 201,
-    E_INVALID_HANDLE = 400,
-    E_NOT_FOUND = 500,
-    E_NOT_READY = 600,
-};
 
 #define MAX_DEV 8
 #define MIB (1024ULL * 1024ULL)
 
-struct fake_ctx {
+/* what the driver's opaque handles point to here */
+struct CUctx_st {
     int dev;
 };
-struct fake_stream {
+struct CUstream_st {
     uint64_t end; /* when the work queued on it so far is done */
 };
-struct fake_event {
+struct CUevent_st {
     int recorded;
     unsigned flags;
     uint64_t t;
 };
-struct fake_array {
-    uint64_t bytes;
+struct CUmemPoolHandle_st {
     int dev;
 };
-struct fake_pool {
+struct fake_array { /* behind a CUarray or a CUmipmappedArray handle */
+    uint64_t bytes;
     int dev;
 };
 
@@ -119,11 +68,11 @@ static size_t n_allocs, cap_allocs;
 static uint64_t next_vmm = 0x1000;
 static uint64_t local_free[MAX_DEV];
 static uint64_t *dev_free = local_free; /* per device: when its last kernel ends */
-static struct fake_stream legacy_stream;
-static __thread struct fake_stream ptds_stream;
-static __thread struct fake_ctx *current;
-static struct fake_ctx primary[MAX_DEV];
-static struct fake_pool default_pool[MAX_DEV];
+static struct CUstream_st legacy_stream;
+static __thread struct CUstream_st ptds_stream;
+static __thread struct CUctx_st *current;
+static struct CUctx_st primary[MAX_DEV];
+static struct CUmemPoolHandle_st default_pool[MAX_DEV];
 static uint64_t stat_alloc_calls, stat_launches, stat_busy_ns;
 
 static uint64_t now_ns(void) {
@@ -177,7 +126,7 @@ static CUresult do_init(unsigned int flags) {
         initialized = 1;
     }
     pthread_mutex_unlock(&lock);
-    return OK;
+    return CUDA_SUCCESS;
 }
 
 static int current_dev(int *dev) {
@@ -195,18 +144,18 @@ static CUresult mem_alloc(int dev, uint64_t bytes, int kind, uint64_t *key) {
     stat_alloc_calls++;
     if (!bytes) {
         pthread_mutex_unlock(&lock);
-        return E_INVALID_VALUE;
+        return CUDA_ERROR_INVALID_VALUE;
     }
     if (bytes > total_bytes - used[dev]) {
         pthread_mutex_unlock(&lock);
-        return E_OUT_OF_MEMORY;
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (n_allocs == cap_allocs) {
         size_t ncap = cap_allocs ? cap_allocs * 2 : 256;
         struct alloc *n = realloc(allocs, ncap * sizeof *n);
         if (!n) {
             pthread_mutex_unlock(&lock);
-            return E_OUT_OF_MEMORY;
+            return CUDA_ERROR_OUT_OF_MEMORY;
         }
         allocs = n;
         cap_allocs = ncap;
@@ -222,7 +171,7 @@ static CUresult mem_alloc(int dev, uint64_t bytes, int kind, uint64_t *key) {
     used[dev] += bytes;
     *key = k;
     pthread_mutex_unlock(&lock);
-    return OK;
+    return CUDA_SUCCESS;
 }
 
 static CUresult mem_free(uint64_t key, int kind) {
@@ -232,59 +181,57 @@ static CUresult mem_free(uint64_t key, int kind) {
             used[allocs[i].dev] -= allocs[i].bytes;
             allocs[i] = allocs[--n_allocs];
             pthread_mutex_unlock(&lock);
-            return OK;
+            return CUDA_SUCCESS;
         }
     }
     pthread_mutex_unlock(&lock);
-    return E_INVALID_VALUE;
+    return CUDA_ERROR_INVALID_VALUE;
 }
 
 static CUresult alloc_here(CUdeviceptr *p, uint64_t bytes) {
     int dev;
     if (!p)
-        return E_INVALID_VALUE;
+        return CUDA_ERROR_INVALID_VALUE;
     if (current_dev(&dev))
-        return E_INVALID_CONTEXT;
+        return CUDA_ERROR_INVALID_CONTEXT;
     uint64_t k = 0;
     CUresult rc = mem_alloc(dev, bytes, 1, &k);
-    if (rc == OK)
+    if (rc == CUDA_SUCCESS)
         *p = k;
     return rc;
 }
 
 static CUresult array_new(struct fake_array **out, uint64_t bytes) {
     int dev;
-    if (!out)
-        return E_INVALID_VALUE;
     if (current_dev(&dev))
-        return E_INVALID_CONTEXT;
+        return CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&lock);
     stat_alloc_calls++;
     if (bytes > total_bytes - used[dev]) {
         pthread_mutex_unlock(&lock);
-        return E_OUT_OF_MEMORY;
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
     struct fake_array *a = malloc(sizeof *a);
     if (!a) {
         pthread_mutex_unlock(&lock);
-        return E_OUT_OF_MEMORY;
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
     a->bytes = bytes;
     a->dev = dev;
     used[dev] += bytes;
     pthread_mutex_unlock(&lock);
     *out = a;
-    return OK;
+    return CUDA_SUCCESS;
 }
 
 static CUresult array_free(struct fake_array *a) {
     if (!a)
-        return E_INVALID_HANDLE;
+        return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&lock);
     used[a->dev] -= a->bytes;
     pthread_mutex_unlock(&lock);
     free(a);
-    return OK;
+    return CUDA_SUCCESS;
 }
 
 static uint64_t array_size(size_t w, size_t h, size_t d, unsigned ch) {
@@ -295,17 +242,17 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) { return alloc_here(
 EXPORT CUresult cuMemAlloc(unsigned int *p, unsigned int bytes) { /* the 32-bit legacy entry point */
     CUdeviceptr q = 0;
     CUresult rc = alloc_here(&q, bytes);
-    if (rc == OK && p)
+    if (rc == CUDA_SUCCESS && p)
         *p = (unsigned int)q;
     return rc;
 }
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, size_t height, unsigned int elem) {
     (void)elem;
     if (!pitch)
-        return E_INVALID_VALUE;
+        return CUDA_ERROR_INVALID_VALUE;
     size_t pt = (width + 511) / 512 * 512;
     CUresult rc = alloc_here(p, (uint64_t)pt * height);
-    if (rc == OK)
+    if (rc == CUDA_SUCCESS)
         *pitch = pt;
     return rc;
 }
@@ -323,11 +270,11 @@ EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t bytes, CUstream s) {
 }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t bytes, CUmemoryPool pool, CUstream s) {
     (void)s;
-    return pool ? alloc_here(p, bytes) : E_INVALID_VALUE;
+    return pool ? alloc_here(p, bytes) : CUDA_ERROR_INVALID_VALUE;
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t bytes, CUmemoryPool pool, CUstream s) {
     (void)s;
-    return pool ? alloc_here(p, bytes) : E_INVALID_VALUE;
+    return pool ? alloc_here(p, bytes) : CUDA_ERROR_INVALID_VALUE;
 }
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return mem_free(p, 1); }
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
@@ -342,43 +289,56 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
                             unsigned long long flags) {
     (void)flags;
     if (!h || !prop || prop->location.id < 0 || prop->location.id >= n_devices)
-        return E_INVALID_VALUE;
+        return CUDA_ERROR_INVALID_VALUE;
     uint64_t k = 0;
     CUresult rc = mem_alloc(prop->location.id, size, 2, &k);
-    if (rc == OK)
+    if (rc == CUDA_SUCCESS)
         *h = k;
     return rc;
 }
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return mem_free(h, 2); }
 EXPORT CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d) {
-    return d ? array_new(a, array_size(d->Width, d->Height, 1, d->NumChannels)) : E_INVALID_VALUE;
+    struct fake_array *x = NULL;
+    CUresult rc = a && d ? array_new(&x, array_size(d->Width, d->Height, 1, d->NumChannels)) : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        *a = (CUarray)x;
+    return rc;
 }
 EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d) {
-    return d ? array_new(a, array_size(d->Width, d->Height, d->Depth, d->NumChannels)) : E_INVALID_VALUE;
+    struct fake_array *x = NULL;
+    CUresult rc =
+        a && d ? array_new(&x, array_size(d->Width, d->Height, d->Depth, d->NumChannels)) : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        *a = (CUarray)x;
+    return rc;
 }
-EXPORT CUresult cuArrayDestroy(CUarray a) { return array_free(a); }
+EXPORT CUresult cuArrayDestroy(CUarray a) { return array_free((struct fake_array *)a); }
 EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels) {
     (void)levels;
-    return d ? array_new(a, array_size(d->Width, d->Height, d->Depth, d->NumChannels) * 4 / 3)
-             : E_INVALID_VALUE;
+    struct fake_array *x = NULL;
+    CUresult rc = a && d ? array_new(&x, array_size(d->Width, d->Height, d->Depth, d->NumChannels) * 4 / 3)
+                         : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        *a = (CUmipmappedArray)x;
+    return rc;
 }
-EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) { return array_free(a); }
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) { return array_free((struct fake_array *)a); }
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b) {
     int dev;
     if (!free_b || !total_b)
-        return E_INVALID_VALUE;
+        return CUDA_ERROR_INVALID_VALUE;
     if (current_dev(&dev))
-        return E_INVALID_CONTEXT;
+        return CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&lock);
     *free_b = total_bytes - used[dev];
     *total_b = total_bytes;
     pthread_mutex_unlock(&lock);
-    return OK;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total_b) {
     size_t f, t;
     CUresult rc = cuMemGetInfo_v2(&f, &t);
-    if (rc == OK) {
+    if (rc == CUDA_SUCCESS) {
         *free_b = f > 0xffffffffu ? 0xffffffffu : (unsigned)f;
         *total_b = t > 0xffffffffu ? 0xffffffffu : (unsigned)t;
     }
@@ -386,15 +346,15 @@ EXPORT CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total_b) {
 }
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     if (!bytes || dev < 0 || dev >= n_devices)
-        return E_INVALID_VALUE;
+        return CUDA_ERROR_INVALID_VALUE;
     *bytes = total_bytes;
-    return OK;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
     if (!pool || dev < 0 || dev >= n_devices)
-        return E_INVALID_VALUE;
+        return CUDA_ERROR_INVALID_VALUE;
     *pool = &default_pool[dev];
-    return OK;
+    return CUDA_SUCCESS;
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -403,84 +363,84 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
 EXPORT CUresult cuInit(unsigned int flags) { return do_init(flags); }
 EXPORT CUresult cuDriverGetVersion(int *v) {
     if (!v)
-        return E_INVALID_VALUE;
+        return CUDA_ERROR_INVALID_VALUE;
     *v = 12040;
-    return OK;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetCount(int *n) {
     if (!initialized)
-        return E_NOT_INITIALIZED;
+        return CUDA_ERROR_NOT_INITIALIZED;
     *n = n_devices;
-    return OK;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal) {
     if (!initialized)
-        return E_NOT_INITIALIZED;
+        return CUDA_ERROR_NOT_INITIALIZED;
     if (!d || ordinal < 0 || ordinal >= n_devices)
-        return E_INVALID_DEVICE;
+        return CUDA_ERROR_INVALID_DEVICE;
     *d = ordinal;
-    return OK;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d) {
     if (!u || d < 0 || d >= n_devices)
-        return E_INVALID_VALUE;
+        return CUDA_ERROR_INVALID_VALUE;
     for (int i = 0; i < 16; i++)
         u->bytes[i] = (char)(0xa0 + i + d);
-    return OK;
+    return CUDA_SUCCESS;
 }
 static CUresult ctx_create(CUcontext *c, unsigned int flags, CUdevice d) {
     (void)flags;
     if (!initialized)
-        return E_NOT_INITIALIZED;
+        return CUDA_ERROR_NOT_INITIALIZED;
     if (!c || d < 0 || d >= n_devices)
-        return E_INVALID_VALUE;
-    struct fake_ctx *x = malloc(sizeof *x);
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *x = malloc(sizeof *x);
     if (!x)
-        return E_OUT_OF_MEMORY;
+        return CUDA_ERROR_OUT_OF_MEMORY;
     x->dev = d;
     current = x;
     *c = x;
-    return OK;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned int flags, CUdevice d) { return ctx_create(c, flags, d); }
 EXPORT CUresult cuCtxCreate(CUcontext *c, unsigned int flags, CUdevice d) { return ctx_create(c, flags, d); }
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     if (!c || d < 0 || d >= n_devices)
-        return E_INVALID_VALUE;
+        return CUDA_ERROR_INVALID_VALUE;
     *c = &primary[d];
-    return OK;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
     current = c;
-    return OK;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxGetCurrent(CUcontext *c) {
     if (!c)
-        return E_INVALID_VALUE;
+        return CUDA_ERROR_INVALID_VALUE;
     *c = current;
-    return OK;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxGetDevice(CUdevice *d) {
     if (!current)
-        return E_INVALID_CONTEXT;
+        return CUDA_ERROR_INVALID_CONTEXT;
     *d = current->dev;
-    return OK;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     if (current == c)
         current = NULL;
     if (c && (c < primary || c >= primary + MAX_DEV))
         free(c);
-    return OK;
+    return CUDA_SUCCESS;
 }
 
 /* ------------------------------------------------------------------------------------------------
  * streams, events, kernels */
 
-static struct fake_stream *stream_of(CUstream s, int ptsz) {
-    if (s == (CUstream)0x2 || (!s && ptsz))
+static struct CUstream_st *stream_of(CUstream s, int ptsz) {
+    if (s == LP_CU_STREAM_PER_THREAD || (!s && ptsz))
         return &ptds_stream;
-    if (!s || s == (CUstream)0x1)
+    if (!s || s == LP_CU_STREAM_LEGACY)
         return &legacy_stream;
     return s;
 }
@@ -488,8 +448,8 @@ static struct fake_stream *stream_of(CUstream s, int ptsz) {
 static CUresult launch(CUstream hs, int ptsz, uint64_t us) {
     int dev;
     if (current_dev(&dev))
-        return E_INVALID_CONTEXT;
-    struct fake_stream *s = stream_of(hs, ptsz);
+        return CUDA_ERROR_INVALID_CONTEXT;
+    struct CUstream_st *s = stream_of(hs, ptsz);
     uint64_t dur = us * 1000ULL;
     pthread_mutex_lock(&lock);
     uint64_t now = now_ns();
@@ -510,94 +470,95 @@ static CUresult launch(CUstream hs, int ptsz, uint64_t us) {
     stat_launches++;
     stat_busy_ns += dur;
     pthread_mutex_unlock(&lock);
-    return OK;
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
     (void)flags;
     if (!s)
-        return E_INVALID_VALUE;
+        return CUDA_ERROR_INVALID_VALUE;
     *s = calloc(1, sizeof **s);
-    return *s ? OK : E_OUT_OF_MEMORY;
+    return *s ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
-    if (s && s != (CUstream)0x1 && s != (CUstream)0x2)
+    if (s && s != LP_CU_STREAM_LEGACY && s != LP_CU_STREAM_PER_THREAD)
         free(s);
-    return OK;
+    return CUDA_SUCCESS;
 }
 static CUresult stream_sync(CUstream s, int ptsz) {
     pthread_mutex_lock(&lock);
     uint64_t end = stream_of(s, ptsz)->end;
     pthread_mutex_unlock(&lock);
     sleep_until(end);
-    return OK;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamSynchronize(CUstream s) { return stream_sync(s, 0); }
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return stream_sync(s, 1); }
 EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status) {
     (void)s;
     if (!status)
-        return E_INVALID_VALUE;
+        return CUDA_ERROR_INVALID_VALUE;
     *status = 0;
-    return OK;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) { return cuStreamIsCapturing(s, status); }
 EXPORT CUresult cuCtxSynchronize(void) {
     int dev;
     if (current_dev(&dev))
-        return E_INVALID_CONTEXT;
+        return CUDA_ERROR_INVALID_CONTEXT;
     sleep_until(__atomic_load_n(&dev_free[dev], __ATOMIC_ACQUIRE));
-    return OK;
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuEventCreate(CUevent *e, unsigned int flags) {
     if (!e)
-        return E_INVALID_VALUE;
+        return CUDA_ERROR_INVALID_VALUE;
     if (!current)
-        return E_INVALID_CONTEXT;
+        return CUDA_ERROR_INVALID_CONTEXT;
     *e = calloc(1, sizeof **e);
     if (!*e)
-        return E_OUT_OF_MEMORY;
+        return CUDA_ERROR_OUT_OF_MEMORY;
     (*e)->flags = flags;
-    return OK;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventDestroy_v2(CUevent e) {
     free(e);
-    return OK;
+    return CUDA_SUCCESS;
 }
 static CUresult event_record(CUevent e, CUstream hs, int ptsz) {
     if (!e)
-        return E_INVALID_HANDLE;
-    struct fake_stream *s = stream_of(hs, ptsz);
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct CUstream_st *s = stream_of(hs, ptsz);
     pthread_mutex_lock(&lock);
     uint64_t now = now_ns();
     e->t = s->end > now ? s->end : now;
     e->recorded = 1;
     pthread_mutex_unlock(&lock);
-    return OK;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventRecord(CUevent e, CUstream s) { return event_record(e, s, 0); }
 EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return event_record(e, s, 1); }
 EXPORT CUresult cuEventQuery(CUevent e) {
     if (!e)
-        return E_INVALID_HANDLE;
-    return !e->recorded || now_ns() >= e->t ? OK : E_NOT_READY;
+        return CUDA_ERROR_INVALID_HANDLE;
+    return !e->recorded || now_ns() >= e->t ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 EXPORT CUresult cuEventSynchronize(CUevent e) {
     if (!e)
-        return E_INVALID_HANDLE;
+        return CUDA_ERROR_INVALID_HANDLE;
     if (e->recorded)
         sleep_until(e->t);
-    return OK;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
-    if (!ms || !a || !b || !a->recorded || !b->recorded || (a->flags & 2) || (b->flags & 2))
-        return E_INVALID_HANDLE;
+    if (!ms || !a || !b || !a->recorded || !b->recorded || (a->flags & CU_EVENT_DISABLE_TIMING) ||
+        (b->flags & CU_EVENT_DISABLE_TIMING))
+        return CUDA_ERROR_INVALID_HANDLE;
     uint64_t now = now_ns();
     if (now < a->t || now < b->t)
-        return E_NOT_READY;
+        return CUDA_ERROR_NOT_READY;
     *ms = (float)(((double)b->t - (double)a->t) / 1e6);
-    return OK;
+    return CUDA_SUCCESS;
 }
 
 #define US(f) ((uint64_t)(uintptr_t)(f))
@@ -613,14 +574,14 @@ EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsi
 }
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
     (void)params, (void)extra;
-    return c ? launch(c->hStream, 0, US(f)) : E_INVALID_VALUE;
+    return c ? launch(c->hStream, 0, US(f)) : CUDA_ERROR_INVALID_VALUE;
 }
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
     (void)params, (void)extra;
-    return c ? launch(c->hStream, 1, US(f)) : E_INVALID_VALUE;
+    return c ? launch(c->hStream, 1, US(f)) : CUDA_ERROR_INVALID_VALUE;
 }
-EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                          unsigned by, unsigned bz, unsigned shmem, CUstream s, void **params) {
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                          unsigned bz, unsigned shmem, CUstream s, void **params) {
     (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)params;
     return launch(s, 0, US(f));
 }
@@ -635,9 +596,6 @@ EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return launch(s,
 /* ------------------------------------------------------------------------------------------------
  * cuGetProcAddress: (name, since version, per-thread variant) -> entry point */
 
-EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, uint64_t flags);
-EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status);
-
 struct entry {
     const char *base;
     int since;
@@ -645,14 +603,16 @@ struct entry {
     const char *exact;
     void *fn;
 };
-#define E(base, since, pt, fn) {base, since, pt, #fn, (void *)&fn}
+#define E(base, since, pt, fn)                                                                                         \
+    { base, since, pt, #fn, (void *)&fn }
+#define E_HOOKED(name, family, since, per_thread, args) E(#family, since, per_thread, name),
 static const struct entry table[] = {
+    LP_HOOKED_FUNCS(E_HOOKED) /* the interposer's hooks, mapped as lp_hooks.h says the driver does */
     E("cuInit", 2000, 0, cuInit),
     E("cuDriverGetVersion", 2020, 0, cuDriverGetVersion),
     E("cuDeviceGet", 2000, 0, cuDeviceGet),
     E("cuDeviceGetCount", 2000, 0, cuDeviceGetCount),
     E("cuDeviceGetUuid", 9020, 0, cuDeviceGetUuid),
-    E("cuDeviceTotalMem", 3020, 0, cuDeviceTotalMem_v2),
     E("cuDeviceGetDefaultMemPool", 11020, 0, cuDeviceGetDefaultMemPool),
     E("cuDevicePrimaryCtxRetain", 7000, 0, cuDevicePrimaryCtxRetain),
     E("cuCtxCreate", 2000, 0, cuCtxCreate),
@@ -675,44 +635,18 @@ static const struct entry table[] = {
     E("cuEventSynchronize", 2000, 0, cuEventSynchronize),
     E("cuEventElapsedTime", 2000, 0, cuEventElapsedTime),
     E("cuEventDestroy", 4000, 0, cuEventDestroy_v2),
-    E("cuMemAlloc", 2000, 0, cuMemAlloc),
-    E("cuMemAlloc", 3020, 0, cuMemAlloc_v2),
-    E("cuMemAllocPitch", 3020, 0, cuMemAllocPitch_v2),
-    E("cuMemAllocManaged", 6000, 0, cuMemAllocManaged),
-    E("cuMemAllocAsync", 11020, 0, cuMemAllocAsync),
-    E("cuMemAllocAsync", 11020, 1, cuMemAllocAsync_ptsz),
-    E("cuMemAllocFromPoolAsync", 11020, 0, cuMemAllocFromPoolAsync),
-    E("cuMemAllocFromPoolAsync", 11020, 1, cuMemAllocFromPoolAsync_ptsz),
-    E("cuMemFree", 3020, 0, cuMemFree_v2),
-    E("cuMemFreeAsync", 11020, 0, cuMemFreeAsync),
-    E("cuMemFreeAsync", 11020, 1, cuMemFreeAsync_ptsz),
-    E("cuMemCreate", 10020, 0, cuMemCreate),
-    E("cuMemRelease", 10020, 0, cuMemRelease),
-    E("cuArrayCreate", 3020, 0, cuArrayCreate_v2),
-    E("cuArray3DCreate", 3020, 0, cuArray3DCreate_v2),
-    E("cuArrayDestroy", 2000, 0, cuArrayDestroy),
-    E("cuMipmappedArrayCreate", 5000, 0, cuMipmappedArrayCreate),
-    E("cuMipmappedArrayDestroy", 5000, 0, cuMipmappedArrayDestroy),
+    E("cuMemAlloc", 2000, 0, cuMemAlloc), /* legacy entry points, which the interposer does not wrap */
     E("cuMemGetInfo", 2000, 0, cuMemGetInfo),
-    E("cuMemGetInfo", 3020, 0, cuMemGetInfo_v2),
-    E("cuLaunchKernel", 4000, 0, cuLaunchKernel),
-    E("cuLaunchKernel", 7000, 1, cuLaunchKernel_ptsz),
-    E("cuLaunchKernelEx", 11060, 0, cuLaunchKernelEx),
-    E("cuLaunchKernelEx", 11060, 1, cuLaunchKernelEx_ptsz),
-    E("cuLaunchCooperativeKernel", 9000, 0, cuLaunchCooperativeKernel),
-    E("cuLaunchCooperativeKernel", 9000, 1, cuLaunchCooperativeKernel_ptsz),
-    E("cuGraphLaunch", 10000, 0, cuGraphLaunch),
-    E("cuGraphLaunch", 10000, 1, cuGraphLaunch_ptsz),
-    E("cuGetProcAddress", 11030, 0, cuGetProcAddress),
-    E("cuGetProcAddress", 12000, 0, cuGetProcAddress_v2),
     {NULL, 0, 0, NULL, NULL},
 };
+#undef E_HOOKED
+#undef E
 
 static CUresult lookup(const char *symbol, void **pfn, int version, uint64_t flags, int *status) {
-    int want_pt = (flags & 2) != 0, named = 0;
+    int want_pt = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0, named = 0;
     const struct entry *best = NULL;
     if (!symbol || !pfn)
-        return E_INVALID_VALUE;
+        return CUDA_ERROR_INVALID_VALUE;
     for (int pass = want_pt ? 0 : 1; pass < 2 && !best; pass++) {
         for (const struct entry *e = table; e->base; e++) {
             if (strcmp(e->base, symbol) != 0)
@@ -725,7 +659,7 @@ static CUresult lookup(const char *symbol, void **pfn, int version, uint64_t fla
     *pfn = best ? best->fn : NULL;
     if (status)
         *status = best ? 0 : named ? 2 : 1;
-    return best ? OK : E_NOT_FOUND;
+    return best ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
 EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, uint64_t flags) {

@@ -14,6 +14,9 @@ import sys
 
 MIB = 1 << 20
 
+# The driver's types as ctypes sees them: CUresult an int, CUdeviceptr an unsigned long long, as declared
+# in node_agent/sharing/interposer/lp_cuda_types.h (the header the interposer, the fake driver and the
+# C probes all compile against); keep the two in step.
 CUresult = ctypes.c_int
 ALLOC = ctypes.CFUNCTYPE(CUresult, ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_size_t)
 FREE = ctypes.CFUNCTYPE(CUresult, ctypes.c_ulonglong)

@@ -62,14 +62,26 @@ struct held {
 };
 static struct held held[4096];
 
-static void *(*fake_lookup)(const char *);
-static void (*fake_stats)(uint64_t *, uint64_t *, uint64_t *);
+static __typeof__(&fake_cuda_lookup) fake_lookup; /* looked up: a real driver has neither */
+static __typeof__(&fake_cuda_stats) fake_stats;
 
 static void setup_apis(void) {
-    direct = (struct api){cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocManaged, cuMemAllocAsync,
-                          cuMemAllocFromPoolAsync, cuMemFree_v2, cuMemFreeAsync, cuMemCreate, cuMemRelease,
-                          cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy, cuMipmappedArrayCreate,
-                          cuMipmappedArrayDestroy, cuMemGetInfo_v2, cuDeviceTotalMem_v2};
+    direct = (struct api){cuMemAlloc_v2,
+                          cuMemAllocPitch_v2,
+                          cuMemAllocManaged,
+                          cuMemAllocAsync,
+                          cuMemAllocFromPoolAsync,
+                          cuMemFree_v2,
+                          cuMemFreeAsync,
+                          cuMemCreate,
+                          cuMemRelease,
+                          cuArrayCreate_v2,
+                          cuArray3DCreate_v2,
+                          cuArrayDestroy,
+                          cuMipmappedArrayCreate,
+                          cuMipmappedArrayDestroy,
+                          cuMemGetInfo_v2,
+                          cuDeviceTotalMem_v2};
     libcuda = dlopen("libcuda.so.1", RTLD_NOW);
     if (!libcuda) {
         printf("error dlopen %s\n", dlerror());
@@ -133,8 +145,8 @@ static struct api *pick(const char *via) {
 }
 
 enum { K_MEM, K_PITCH, K_MANAGED, K_ASYNC, K_POOL, K_VMM, K_ARRAY, K_ARRAY3D, K_MIPMAP };
-static const char *const kinds[] = {"mem", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap",
-                                    NULL};
+static const char *const kinds[] = {"mem", "pitch", "managed", "async",  "pool",
+                                    "vmm", "array", "array3d", "mipmap", NULL};
 
 /* Sizes are chosen so that the interposer's estimate is exact for multiples of 1 MiB. */
 static CUresult do_alloc(struct api *a, int kind, unsigned long long bytes, unsigned long long *handle) {
