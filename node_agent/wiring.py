@@ -1,11 +1,11 @@
 """Builds the node agent from its `AgentConfig`: the only module that imports every layer.
 
-    sources (NVML, `topo -m`, simulation) ──> Agent (agent_loop) ──> GpuTopology (publisher)
+    sources (NVML, `topo -m`, simulation) ──> Agent (loop.agent_loop) ──> GpuTopology (loop.publisher)
                                                 │   └─> memory watchdog, metrics
-                                                └─> DevicePluginHost (plugin_host, deviceplugin)
-    agent_http serves /metrics, /healthz and /debug/* from the agent and the simulation.
+                                                └─> DevicePluginHost (deviceplugin.plugin_host)
+    loop.agent_http serves /metrics, /healthz and /debug/* from the agent and the simulation.
 
-`run` opens the sources, connects to the API (`kube_client`), runs the first poll, starts
+`run` opens the sources, connects to the API (`kube.client`), runs the first poll, starts
 the HTTP endpoints and the device plugins, and then the loop until SIGTERM/SIGINT.
 """
 

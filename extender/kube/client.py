@@ -1,7 +1,7 @@
 """The real Kubernetes adapter of the extender (with `extender.kube.watch` and
 `extender.kube.api_requests`, the only extender modules importing `kubernetes`).
 
-It lists and watches Nodes, Pods, GpuTopology records and ledger ConfigMaps, reads pods
+It lists and watches Nodes, Pods, GpuTopology objects and ledger ConfigMaps, reads pods
 fresh for bind, commits ledgers with resourceVersion preconditions and creates Bindings.
 Client exceptions are translated into `ApiError` kinds and never leave this module.
 """

@@ -1,7 +1,7 @@
 """The device plugin's memory between kubelet calls: what was handed out, and writing it back.
 
-`AllocationBroker` holds the allocator state under one lock; every decision is made by the pure
-functions in `allocator`, `records`, `reconcile` and `container_spec`. Write-backs onto the pods
+`AllocationBroker` keeps the handout state under one lock; every decision is made by the pure
+functions in `request_matching`, `records`, `reconcile` and `container_spec`. Write-backs onto the pods
 (`PodRecordStore`) happen outside the lock and are retried on the next `reconcile()` when they
 fail. A container gets the enforcement and compute priority its record says; when this node
 cannot apply the level now (MPS not serving, the interposer library missing) the share is held

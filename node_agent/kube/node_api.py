@@ -1,6 +1,6 @@
 """What the node agent needs from the Kubernetes API, as `NodeApi`, and the pure translation of
 API objects into our frozen types. Nothing here imports the `kubernetes` client: the adapter
-over it is `kube_client.KubernetesNodeApi`, and only `wiring` builds one.
+over it is `node_agent.kube.client.KubernetesNodeApi`, and only `wiring` builds one.
 
 `NodeApi` is this node's view (its labels and annotations, its GpuTopology, its pods, events about it); it
 is not the extender's cluster-wide `ClusterApi`. Objects cross the seam as plain JSON-shaped
