@@ -39,6 +39,26 @@ test: $(VENV)/.installed proto lint typecheck imports
 	$(PY) -m tests.cluster.helm_binary
 	$(PY) -m pytest -q
 
+# One tier at a time (markers: tests/conftest.py); each test runs in exactly one of these, the
+# real-GPU tests (-m gpu) in none. `make test` runs every tier.
+.PHONY: test-unit test-cluster test-node test-image
+test-unit: $(VENV)/.installed proto
+	$(PY) -m tests.cluster.helm_binary
+	$(PY) -m pytest -q -m unit
+
+test-cluster: $(VENV)/.installed proto
+	$(PY) -m tests.cluster.binaries
+	$(PY) -m tests.cluster.helm_binary
+	$(PY) -m pytest -q -m "cluster and not node"
+
+# The real node (root) and the kubelet's own device manager.
+test-node: $(VENV)/.installed proto
+	$(PY) -m tests.cluster.binaries
+	$(PY) -m pytest -q -m "node or kubelet"
+
+test-image: $(VENV)/.installed proto
+	$(PY) -m pytest -q -m "image and not node"
+
 # The churn and fault run on the real node alone (root); `make test` runs it with everything else.
 test-churn: $(VENV)/.installed proto
 	$(PY) -m tests.cluster.binaries

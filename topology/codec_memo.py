@@ -24,7 +24,7 @@ import re
 import threading
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from topology.codec import canonical_facts, canonical_text
 from topology.codec import decode_with_hash as full_decode_with_hash
@@ -68,6 +68,19 @@ def decode_with_hash(data: object) -> tuple[NodeTopology, str]:
     if template is None:
         _remember(key, decoded[0])
     return decoded
+
+
+class MemoSize(NamedTuple):
+    """How much is memoised: shapes with a template, and shape keys seen once."""
+
+    templates: int
+    seen: int
+
+
+def memo_size() -> MemoSize:
+    """What the memo holds now (tests; the answers never depend on it)."""
+    with _lock:
+        return MemoSize(len(_templates), len(_seen))
 
 
 def forget() -> None:

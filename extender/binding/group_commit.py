@@ -54,6 +54,18 @@ class GroupCommit(Generic[Item, Outcome]):
         self.batches = 0  # commits made (for tests and metrics)
         self.items = 0  # items committed in them
 
+    def waiting(self, key: str) -> int:
+        """Callers queued on `key` and not yet taken into a batch (0 while the key is idle)."""
+        with self._lock:
+            queue = self._queues.get(key)
+            return len(queue.waiting) if queue is not None else 0
+
+    @property
+    def busy_keys(self) -> frozenset[str]:
+        """The keys with a commit under way or callers waiting (empty when every key is idle)."""
+        with self._lock:
+            return frozenset(self._queues)
+
     def submit(self, key: str, item: Item) -> Outcome:
         me: _Caller[Item, Outcome] = _Caller(item)
         with self._lock:

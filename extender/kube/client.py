@@ -99,7 +99,9 @@ _WRITTEN_LIMIT = 100_000
 
 
 class KubeClusterApi:
-    def __init__(self, api_client: client.ApiClient, cfg: ExtenderConfig) -> None:
+    def __init__(
+        self, api_client: client.ApiClient, cfg: ExtenderConfig, *, requests: ApiRequests | None = None
+    ) -> None:
         self.api_client = api_client
         self._client = api_client
         # The generated client's annotations describe its model classes; we pass and read raw
@@ -109,8 +111,9 @@ class KubeClusterApi:
         self._authn: Any = client.AuthenticationV1Api(api_client)
         self._authz: Any = client.AuthorizationV1Api(api_client)
         self._config = cfg
-        # the request path (bind's writes, pod and ledger reads, events): own pool, plain JSON
-        self._requests = ApiRequests(api_client)
+        # the request path (bind's writes, pod and ledger reads, events): own pool, plain JSON;
+        # `requests` replaces it (tests give scripted replies)
+        self._requests = requests if requests is not None else ApiRequests(api_client)
         # ledger ConfigMap name -> the resourceVersion our last commit of it produced
         self._written: dict[str, str] = {}
 
@@ -402,6 +405,11 @@ class KubeClusterApi:
             lambda o: str(o["metadata"]["name"]),
             lambda n: h.topology(n, None, ""),
         )
+
+    def ledger_sink(self, handlers: WatchHandlers) -> Sink:
+        """What the ledgers watch feeds its events to (`run_watches`): ledgers to `handlers`, except
+        the echo of a commit of our own."""
+        return self._on_ledger(handlers)
 
     def _on_ledger(self, h: WatchHandlers) -> Sink:
         def sink(event: str, obj: Mapping[str, Any]) -> None:

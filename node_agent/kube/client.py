@@ -45,10 +45,20 @@ SPEC_WRITE_ATTEMPTS = 3
 class KubernetesNodeApi:
     """`NodeApi` over the official client."""
 
-    def __init__(self, api_client: Any, reporting_node: str, resources: ResourceNames | None = None) -> None:
+    def __init__(
+        self,
+        api_client: Any,
+        reporting_node: str,
+        resources: ResourceNames | None = None,
+        *,
+        core: Any = None,
+        custom: Any = None,
+    ) -> None:
+        """`core` and `custom` replace the client's CoreV1Api and CustomObjectsApi (tests record
+        the calls); by default they are the client's own over `api_client`."""
         self._api_client = api_client
-        self._core = client.CoreV1Api(api_client)
-        self._custom = client.CustomObjectsApi(api_client)
+        self._core = core if core is not None else client.CoreV1Api(api_client)
+        self._custom = custom if custom is not None else client.CustomObjectsApi(api_client)
         self._node = reporting_node
         self._wanted = (resources or ResourceNames()).managed
 

@@ -45,6 +45,7 @@ from kubernetes.dynamic.exceptions import ConflictError, ResourceNotFoundError
 
 from tests.cluster.binaries import Binaries
 from tests.cluster.procs import die_with_parent
+from tests.support.nodes import node_object
 from tests.tls_certs import TlsSet
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -539,11 +540,7 @@ def create_fake_node(
 ) -> dict[str, Any]:
     core = client.CoreV1Api(api)
     resources = {**DEFAULT_NODE_CAPACITY, **capacity}
-    body = {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": dict(labels or {}), "annotations": dict(annotations or {})},
-    }
+    body = node_object(name, labels=labels or {}, annotations=annotations or {})
     core.create_node(body)  # type: ignore[arg-type]  # the client accepts plain dicts
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     status = {

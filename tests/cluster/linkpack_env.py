@@ -25,6 +25,7 @@ from tests.cluster.controlplane import (
     free_port,
     render_scheduler_config,
 )
+from tests.support.resources import GPU, SHARED
 from tests.tls_certs import TlsSet, issue_tls_set, tls_set_in
 from topology.catalog import load_machine
 from topology.codec import encode_topology
@@ -38,6 +39,8 @@ GPU_NODES: tuple[tuple[str, str], ...] = (
     ("e2e-3090", "rtx3090-2socket"),
 )
 UNITS_PER_GPU = 100
+#: the label every node has, naming it (what a pod kept to one node selects)
+HOSTNAME = "kubernetes.io/hostname"
 
 
 def node_topology(node: str, machine: str) -> NodeTopology:
@@ -55,8 +58,8 @@ def publish_node(cp: ControlPlane, node: str, topology: NodeTopology) -> None:
     gpus = topology.gpu_count
     cp.create_fake_node(
         node,
-        {"nvidia.com/gpu": str(gpus), "nvidia.com/gpu.shared": str(gpus * UNITS_PER_GPU)},
-        labels={"nvidia.com/gpu.present": "true", "kubernetes.io/hostname": node},
+        {GPU: str(gpus), SHARED: str(gpus * UNITS_PER_GPU)},
+        labels={"nvidia.com/gpu.present": "true", HOSTNAME: node},
     )
     custom = client.CustomObjectsApi(cp.api_client())
     custom.create_cluster_custom_object(
@@ -204,31 +207,6 @@ def running_extender(cp: ControlPlane, name: str = "extender", port: int = 0) ->
         yield ext
     finally:
         ext.kill()
-
-
-def gpu_pod(
-    name: str, *, gpus: int = 0, units: int = 0, memory: int = 0, node: str | None = None
-) -> dict[str, Any]:
-    limits: dict[str, str] = {}
-    if gpus:
-        limits["nvidia.com/gpu"] = str(gpus)
-    if units:
-        limits["nvidia.com/gpu.shared"] = str(units)
-    if memory:
-        limits["nvidia.com/gpu.memory"] = str(memory)
-    spec: dict[str, Any] = {
-        "schedulerName": "linkpack",
-        "containers": [
-            {
-                "name": "main",
-                "image": "registry.invalid/app:1",
-                "resources": {"limits": limits, "requests": limits},
-            }
-        ],
-    }
-    if node:
-        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
 def wait_until(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.25) -> None:

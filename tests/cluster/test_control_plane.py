@@ -25,6 +25,8 @@ from tests.cluster.controlplane import (
 )
 from tests.cluster.fixtures import CRD_NAME
 from tests.cluster.noop_extender import NoopExtender
+from tests.support.pods import api_pod_manifest
+from tests.support.resources import GPU, MEMORY, SHARED
 from topology.catalog import load_machine, machine_names
 from topology.codec import decode_topology, encode_topology
 from topology.model import MigDevice, MigMode, NodeTopology
@@ -85,11 +87,11 @@ def test_control_plane_serves_the_api_through_its_kubeconfig(control_plane: Cont
 
 def test_fake_node_is_ready_untainted_and_advertises_gpus(control_plane: ControlPlane) -> None:
     node = control_plane.create_fake_node(
-        "fake-node-check", {"nvidia.com/gpu": "8"}, labels={"nvidia.com/gpu.present": "true"}
+        "fake-node-check", {GPU: "8"}, labels={"nvidia.com/gpu.present": "true"}
     )
     try:
         read = _core(control_plane).read_node("fake-node-check")
-        assert read.status.allocatable["nvidia.com/gpu"] == "8"
+        assert read.status.allocatable[GPU] == "8"
         assert read.status.capacity["pods"] == "110"
         assert [(c.type, c.status) for c in read.status.conditions] == [("Ready", "True")]
         assert not read.spec.taints
@@ -372,15 +374,7 @@ def test_manifest_passes_server_side_validation(linkpack_crd: ControlPlane, mani
 
 
 def _gpu_pod(name: str, limits: dict[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "schedulerName": "linkpack",
-            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
-        },
-    }
+    return api_pod_manifest(name, limits=limits, limits_only=True)
 
 
 def test_real_scheduler_uses_the_extender_config_and_binds_through_it(
@@ -388,7 +382,7 @@ def test_real_scheduler_uses_the_extender_config_and_binds_through_it(
 ) -> None:
     cp = linkpack_crd
     node = "sched-gpu-node"
-    cp.create_fake_node(node, {"nvidia.com/gpu": "8", "nvidia.com/gpu.shared": "800"})
+    cp.create_fake_node(node, {GPU: "8", SHARED: "800"})
     # The no-op extender binds with the extender's own ServiceAccount token: its RBAC is used for real.
     extender_token = cp.service_account_token(SYSTEM_NAMESPACE, "linkpack-extender")
     core = _core(cp)
@@ -400,11 +394,11 @@ def test_real_scheduler_uses_the_extender_config_and_binds_through_it(
                 assert "Creating extender" in log, log[-3000:]
                 assert extender.url in log
 
-                core.create_namespaced_pod(cluster_namespace, _gpu_pod("one-gpu", {"nvidia.com/gpu": "1"}))
+                core.create_namespaced_pod(cluster_namespace, _gpu_pod("one-gpu", {GPU: "1"}))
                 # Fractional: gpu.memory is advertised by no node and must be ignored by the fit check.
                 core.create_namespaced_pod(
                     cluster_namespace,
-                    _gpu_pod("fractional", {"nvidia.com/gpu.shared": "25", "nvidia.com/gpu.memory": "10240"}),
+                    _gpu_pod("fractional", {SHARED: "25", MEMORY: "10240"}),
                 )
                 # No managed resource: the extender is not interested, the default binder binds.
                 core.create_namespaced_pod(cluster_namespace, _gpu_pod("cpu-only", {"cpu": "100m"}))

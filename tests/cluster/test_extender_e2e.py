@@ -22,14 +22,15 @@ from contract.keys import ALLOCATION_ANNOTATION
 from tests.cluster.controlplane import ControlPlane, temporary_namespace
 from tests.cluster.linkpack_env import (
     GPU_NODES,
+    HOSTNAME,
     ExtenderProcess,
-    gpu_pod,
     node_topology,
     published_nodes,
     running_extender,
     scheduler_config,
     wait_until,
 )
+from tests.support.pods import api_pod_manifest
 from topology.accounting import accumulate
 from topology.oracle import oracle_best_set
 from topology.placement import set_quality
@@ -109,7 +110,7 @@ def test_whole_gpu_pods_get_the_best_connected_set(
 ) -> None:
     """On an empty node, a k-GPU pod gets a set as good as the exhaustive oracle's."""
     cp, _ = installation
-    _create(cp, namespace, gpu_pod("job", gpus=count, node=node))
+    _create(cp, namespace, api_pod_manifest("job", gpus=count, node_selector={HOSTNAME: node}))
     wait_until(lambda: "job" in _bound(cp, namespace), 60, f"{count}-GPU pod bound on {node}")
     pod = _bound(cp, namespace)["job"]
     chosen = _allocation(pod).gpu_indices
@@ -126,7 +127,11 @@ def test_fractional_pods_pack_onto_one_gpu(
     """Four quarter-GPU pods share a GPU instead of taking four."""
     cp, _ = installation
     for i in range(4):
-        _create(cp, namespace, gpu_pod(f"infer-{i}", units=25, memory=8192, node="e2e-h100"))
+        _create(
+            cp,
+            namespace,
+            api_pod_manifest(f"infer-{i}", units=25, memory=8192, node_selector={HOSTNAME: "e2e-h100"}),
+        )
         wait_until(lambda i=i: f"infer-{i}" in _bound(cp, namespace), 60, f"share pod {i} bound")
     allocations = [_allocation(p) for p in _bound(cp, namespace).values()]
     assert len({a.gpu_indices for a in allocations}) == 1
@@ -139,7 +144,7 @@ def test_a_pod_that_fits_nowhere_says_why(
 ) -> None:
     """The FailedScheduling event names the extender's reason."""
     cp, _ = installation
-    _create(cp, namespace, gpu_pod("huge-share", units=50, memory=900_000))
+    _create(cp, namespace, api_pod_manifest("huge-share", units=50, memory=900_000))
 
     def reason() -> str:
         events = (
@@ -155,9 +160,7 @@ def test_an_unknown_policy_is_reported_on_the_pod(
     installation: tuple[ControlPlane, ExtenderProcess], namespace: str
 ) -> None:
     cp, _ = installation
-    pod = gpu_pod("odd-policy", gpus=1)
-    pod["metadata"]["annotations"] = {"linkpack.io/policy": "fastest"}
-    _create(cp, namespace, pod)
+    _create(cp, namespace, api_pod_manifest("odd-policy", gpus=1, policy="fastest"))
 
     def reason() -> str:
         events = (
@@ -174,11 +177,11 @@ def test_restarting_the_extender_mid_stream_loses_and_duplicates_nothing(
     """The extender is killed while pods are being bound and started again on the same port."""
     cp, extender = installation
     for i in range(12):
-        _create(cp, namespace, gpu_pod(f"s-{i}", gpus=1 + i % 2))
+        _create(cp, namespace, api_pod_manifest(f"s-{i}", gpus=1 + i % 2))
     wait_until(lambda: len(_bound(cp, namespace)) >= 3, 60, "the first binds")
     extender.kill()
     for i in range(12, 20):
-        _create(cp, namespace, gpu_pod(f"s-{i}", gpus=1 + i % 2))
+        _create(cp, namespace, api_pod_manifest(f"s-{i}", gpus=1 + i % 2))
     extender.start()
     wait_until(lambda: len(_bound(cp, namespace)) == 20, 120, "all 20 pods bound after the restart")
     bound = _bound(cp, namespace)
@@ -203,7 +206,7 @@ def test_a_burst_of_200_mixed_pods_never_overcommits(
         {"units": 50, "memory": 16384},
     ]
     for i in range(200):
-        _create(cp, namespace, gpu_pod(f"b-{i:03d}", **shapes[i % len(shapes)]))
+        _create(cp, namespace, api_pod_manifest(f"b-{i:03d}", **shapes[i % len(shapes)]))
     last = [-1, 0]
 
     def settled() -> bool:
@@ -228,7 +231,9 @@ def test_two_extenders_binding_at_once_never_overallocate(
     core = _core(cp)
     names = [f"race-{i}" for i in range(10)]
     for name in names:
-        pod = gpu_pod(name, gpus=2, node="no-such-node")  # the scheduler finds no node: only our binders act
+        pod = api_pod_manifest(
+            name, gpus=2, node_selector={HOSTNAME: "no-such-node"}
+        )  # the scheduler finds no node: only our binders act
         _create(cp, namespace, pod)
     uids = {p.metadata.name: p.metadata.uid for p in _pods(cp, namespace)}
     results: list[str] = []

@@ -25,15 +25,16 @@ from contract.keys import ALLOCATION_ANNOTATION
 from contract.ledger import Ledger, ledger_from_config_map
 from tests.cluster.controlplane import ControlPlane, temporary_namespace
 from tests.cluster.linkpack_env import (
+    HOSTNAME,
     ExtenderProcess,
     extender_tls,
-    gpu_pod,
     node_topology,
     published_nodes,
     scheduler_config,
     wait_until,
 )
 from tests.cluster.service_proxy import Backend, ServiceProxy
+from tests.support.pods import api_pod_manifest
 from topology.accounting import accumulate
 
 pytestmark = pytest.mark.cluster
@@ -124,21 +125,12 @@ def ha_installation(
 
 
 def _pod(name: str, shape: dict[str, int]) -> dict[str, Any]:
-    pod = gpu_pod(name, gpus=shape.get("gpus", 0), units=shape.get("units", 0), memory=shape.get("memory", 0))
-    pod["spec"]["affinity"] = {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [
-                    {
-                        "matchExpressions": [
-                            {"key": "kubernetes.io/hostname", "operator": "In", "values": list(NODES)}
-                        ]
-                    }
-                ]
-            }
-        }
+    """A pod asking for `shape` (gpus, units, memory), kept to this module's nodes."""
+    term = {"matchExpressions": [{"key": HOSTNAME, "operator": "In", "values": list(NODES)}]}
+    affinity = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
     }
-    return pod
+    return api_pod_manifest(name, affinity=affinity, **shape)
 
 
 def _filters_served(replica: ExtenderProcess) -> float:

@@ -11,7 +11,8 @@ import pytest
 from kubernetes import client
 
 from tests.cluster.controlplane import MANIFESTS, ControlPlane, load_manifest
-from tests.cluster.linkpack_env import ExtenderProcess, gpu_pod, running_extender
+from tests.cluster.linkpack_env import HOSTNAME, ExtenderProcess, running_extender
+from tests.support.pods import api_pod_manifest
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -60,7 +61,9 @@ def test_a_bind_without_the_schedulers_certificate_gets_no_connection(
     or with one of another CA, the TLS handshake fails and the pod stays unbound."""
     cp, extender = guarded
     core = client.CoreV1Api(cp.api_client())
-    pod = core.create_namespaced_pod(cluster_namespace, gpu_pod("victim", gpus=1, node="no-such-node"))
+    pod = core.create_namespaced_pod(
+        cluster_namespace, api_pod_manifest("victim", gpus=1, node_selector={HOSTNAME: "no-such-node"})
+    )
     body = {
         "PodName": "victim",
         "PodNamespace": cluster_namespace,
@@ -98,6 +101,6 @@ def test_debug_reads_need_a_kubernetes_identity_with_the_rbac_permission(
         what_if = http.post(
             f"{extender.debug_url}/debug/what-if",
             headers={"Authorization": f"Bearer {reader}"},
-            json=gpu_pod("maybe", gpus=1),
+            json=api_pod_manifest("maybe", gpus=1),
         )
         assert what_if.status_code in (200, 400)  # allowed through; the answer is about the pod

@@ -18,6 +18,8 @@ from tests.cluster.controlplane import ControlPlane, delete_fake_node, render_sc
 from tests.cluster.noop_extender import NoopExtender
 
 pytestmark = pytest.mark.cluster
+# The pod and node here make the golden payloads: written out literally (resource names too) so the
+# captured bodies depend on nothing but this file.
 GOLDEN = Path(__file__).resolve().parents[1] / "extender" / "golden"
 
 

@@ -22,6 +22,8 @@ from contract.keys import ALLOCATION_ANNOTATION, LEDGER_LABEL, ledger_name
 from contract.ledger import Ledger, LedgerEntry, encode_ledger
 from kubectl_linkpack import cli as plugin
 from tests.cluster.controlplane import ControlPlane, bind_pod, delete_fake_node, temporary_namespace
+from tests.support.pods import api_pod_manifest
+from tests.support.resources import GPU
 from topology.catalog import load_machine
 from topology.codec import encode_topology
 from topology.scheduling import GpuGrant
@@ -67,25 +69,15 @@ def installed(linkpack_crd: ControlPlane, tmp_path_factory: pytest.TempPathFacto
     api = cp.api_client()
     core: Any = client.CoreV1Api(api)
     custom: Any = client.CustomObjectsApi(api)
-    cp.create_fake_node(NODE, {"nvidia.com/gpu": "8"})
+    cp.create_fake_node(NODE, {GPU: "8"})
     _publish_topology(custom)
     with temporary_namespace(api, prefix="plugin-") as namespace:
         allocation = Allocation(
             NODE, tuple(GpuGrant(i, TOPOLOGY.gpus[i].uuid, True) for i in (0, 1)), 1,
-            resources=(("nvidia.com/gpu", 2),),
+            resources=((GPU, 2),),
         )  # fmt: skip
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": "trainer",
-                "annotations": {ALLOCATION_ANNOTATION: encode_allocation(allocation)},
-            },
-            "spec": {
-                "schedulerName": "linkpack",
-                "containers": [{"name": "main", "image": "registry.invalid/x:1"}],
-            },
-        }
+        annotations = {ALLOCATION_ANNOTATION: encode_allocation(allocation)}
+        pod = api_pod_manifest("trainer", annotations=annotations, image="registry.invalid/x:1")
         uid = core.create_namespaced_pod(namespace, pod).metadata.uid
         assert bind_pod(api, namespace, "trainer", NODE, uid) == 201
         ledger = Ledger(NODE, (LedgerEntry(uid, namespace, "trainer", allocation, 1000.0),))

@@ -44,14 +44,15 @@ from contract.keys import (
     TOPOLOGY_VERSION,
 )
 from contract.pod_demand import ContainerRole
-from contract.resources import ResourceNames
-from node_agent.deviceplugin._generated import deviceplugin_pb2 as api
+from node_agent.deviceplugin._generated import deviceplugin_pb2 as api  # the kubelet's messages
 from node_agent.deviceplugin.pod_records import KubePodRecords
 from node_agent.kube.client import KubernetesNodeApi
 from tests.cluster.controlplane import REPO_ROOT, ControlPlane, bind_pod, delete_fake_node, free_port
 from tests.cluster.linkpack_env import wait_until
 from tests.cluster.procs import die_with_parent
 from tests.node_agent.fake_kubelet import FakeKubelet, plugin_stub
+from tests.support.pods import api_pod_manifest
+from tests.support.resources import GPU
 from topology.codec import decode_topology
 from topology.model import LinkKind
 from topology.scheduling import GpuGrant
@@ -59,7 +60,6 @@ from topology.scheduling import GpuGrant
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
 VERSION, PLURAL = TOPOLOGY_VERSION, TOPOLOGY_PLURAL
-WHOLE_GPU = ResourceNames().whole
 #: How long a change may take to show in the API under load (the agent polls every 0.5 s).
 SETTLE_S = 20
 
@@ -145,7 +145,7 @@ def running_agent(
 def gpu_node(linkpack_crd: ControlPlane) -> Iterator[str]:
     """A fake node (no kubelet) for one agent; its node object and GpuTopology are deleted after."""
     name = f"agent-e2e-{uuidlib.uuid4().hex[:6]}"
-    linkpack_crd.create_fake_node(name, {"nvidia.com/gpu": "8"}, labels={"nvidia.com/gpu.present": "true"})
+    linkpack_crd.create_fake_node(name, {GPU: "8"}, labels={"nvidia.com/gpu.present": "true"})
     yield name
     with contextlib.suppress(ApiException):
         _custom(linkpack_crd).delete_cluster_custom_object(GROUP, VERSION, PLURAL, name)
@@ -281,18 +281,8 @@ def test_agent_publishes_heartbeats_and_reports_faults_and_cordons(
 
 
 def _pod_with_record(name: str, record: Allocation) -> dict[str, Any]:
-    limits = {WHOLE_GPU: str(len(record.grants))}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": {ALLOCATION_ANNOTATION: encode_allocation(record)}},
-        "spec": {
-            "schedulerName": "linkpack",
-            "containers": [
-                {"name": "main", "image": "registry.invalid/app:1", "resources": {"limits": limits}}
-            ],
-        },
-    }
+    annotations = {ALLOCATION_ANNOTATION: encode_allocation(record)}
+    return api_pod_manifest(name, annotations=annotations, gpus=len(record.grants), limits_only=True)
 
 
 def test_agent_serves_the_kubelet_from_allocation_records_in_the_api(
@@ -317,13 +307,13 @@ def test_agent_serves_the_kubelet_from_allocation_records_in_the_api(
             record = Allocation(
                 node,
                 (GpuGrant(1, gpus[1].uuid, True), GpuGrant(2, gpus[2].uuid, True)),
-                resources=((WHOLE_GPU, 2),),
+                resources=((GPU, 2),),
             )
             core = _core(cp)
             core.create_namespaced_pod(ns, _pod_with_record("train", record))
             assert bind_pod(cp.api_client(), ns, "train", node) == 201
 
-            channel, plugin = plugin_stub(short_dir, WHOLE_GPU)
+            channel, plugin = plugin_stub(short_dir, GPU)
             with channel:
                 stream = plugin.ListAndWatch(api.Empty(), timeout=30)
                 assert {d.health for d in next(stream).devices} == {"Healthy"}
@@ -365,7 +355,7 @@ def test_kube_pod_records_honour_resource_versions_of_the_api_server(
         {
             "name": "warm",
             "image": "registry.invalid/app:1",
-            "resources": {"limits": {WHOLE_GPU: "1"}},
+            "resources": {"limits": {GPU: "1"}},
         }
     ]
     core.create_namespaced_pod(ns, pod)

@@ -29,6 +29,8 @@ from tests.cluster.controlplane import (
     wait_for_crd,
 )
 from tests.cluster.fixtures import CRD_NAME
+from tests.support.pods import api_pod_manifest
+from tests.support.resources import GPU
 from topology.codec import encode_topology
 from topology.model import Gpu, NodeTopology
 
@@ -82,13 +84,8 @@ def _topology(node: str) -> dict[str, Any]:
 
 
 def _pod(name: str, node: str, account: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "nodeName": node,
-        "containers": [{"name": "main", "image": "busybox"}],
-    }
-    if account:
-        spec["serviceAccountName"] = account
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+    """A pod already on `node` ("" unbound), run as `account` if given, asking for nothing."""
+    return api_pod_manifest(name, node=node, scheduler=None, service_account=account, image="busybox")
 
 
 def _ledger(name: str) -> dict[str, Any]:
@@ -173,7 +170,7 @@ def cluster(request: pytest.FixtureRequest, k8s_binaries: Binaries) -> Iterator[
             cp.create_objects(objects)
             wait_for_crd(cp.api_client(), CRD_NAME)
             for node in (NODE_A, NODE_B):
-                cp.create_fake_node(node, {"nvidia.com/gpu": "1"})
+                cp.create_fake_node(node, {GPU: "1"})
             core = _core(cp.api_client())
             agent_pod = core.create_namespaced_pod(SYSTEM_NAMESPACE, _pod(AGENT_POD, NODE_A, AGENT_ACCOUNT))
             agent_token = _pod_bound_token(cp, agent_pod)
@@ -554,7 +551,7 @@ def test_agent_is_refused_node_status_deletions_and_pod_creation_even_with_widen
         client.V1PolicyRule(api_groups=[""], resources=["pods"], verbs=["*"]),
     ]
     core = _core(cluster.agent)
-    status = {"status": {"capacity": {"nvidia.com/gpu": "99"}}}
+    status = {"status": {"capacity": {GPU: "99"}}}
     with _widened_agent_rbac(cluster, rules):
         node_status = lambda: core.patch_node_status(  # noqa: E731
             NODE_A, status, dry_run="All", _content_type=MERGE

@@ -16,13 +16,14 @@ from contract.keys import GROUP
 from contract.scheduling_policy import POLICY_PLURAL, POLICY_VERSION
 from tests.cluster.controlplane import ControlPlane, temporary_namespace
 from tests.cluster.linkpack_env import (
-    gpu_pod,
+    HOSTNAME,
     node_topology,
     published_nodes,
     running_extender,
     scheduler_config,
     wait_until,
 )
+from tests.support.pods import api_pod_manifest
 from topology.node_choice import name_rank
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -63,18 +64,15 @@ def namespace(deciding: ControlPlane) -> Iterator[str]:
 
 
 def _pod(name: str, group: str, prefer: str = "", policy: str = "") -> dict[str, Any]:
-    pod = gpu_pod(name, gpus=1)
-    pod["spec"]["nodeSelector"] = {"linkpack-e2e": group}
-    if policy:
-        pod["metadata"]["annotations"] = {"linkpack.io/policy": policy}
+    """A 1-GPU pod kept to `group`'s nodes, preferring node `prefer` and naming `policy` if given."""
+    affinity = None
     if prefer:
-        term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [prefer]}]}
-        pod["spec"]["affinity"] = {
-            "nodeAffinity": {
-                "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": term}]
-            }
-        }
-    return pod
+        term = {"matchExpressions": [{"key": HOSTNAME, "operator": "In", "values": [prefer]}]}
+        preferred = [{"weight": 100, "preference": term}]
+        affinity = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}}
+    return api_pod_manifest(
+        name, gpus=1, node_selector={"linkpack-e2e": group}, affinity=affinity, policy=policy or None
+    )
 
 
 def _bound_to(cp: ControlPlane, namespace: str, pod: dict[str, Any]) -> str:

@@ -38,6 +38,7 @@ from tests.cluster.controlplane import (
 )
 from tests.cluster.linkpack_env import running_extender, scheduler_config, wait_until
 from tests.cluster.test_node_agent_e2e import AgentProcess, running_agent
+from tests.support.resources import GPU, SHARED
 
 pytestmark = pytest.mark.cluster
 
@@ -89,7 +90,7 @@ def installation(linkpack_crd: ControlPlane) -> Iterator[Installation]:
             labels = {"kubernetes.io/hostname": node, "linkpack.io/e2e-group": group}
             if role == "v100":
                 labels["nvidia.com/gpu.product"] = GFD_PRODUCT  # GFD was here first
-            cp.create_fake_node(node, {"nvidia.com/gpu": "8", "nvidia.com/gpu.shared": "800"}, labels=labels)
+            cp.create_fake_node(node, {GPU: "8", SHARED: "800"}, labels=labels)
             stack.callback(_delete_node, cp, node)
         agents = {
             node: stack.enter_context(running_agent(cp, node, ["--no-device-plugin"], machine=ROLES[role]))
@@ -138,8 +139,8 @@ def _example_pod(name: str, group: str, gpus: int, example: Path = EXAMPLE) -> d
     pod["metadata"] = {"name": name}
     container = pod["spec"]["containers"][0]
     container["resources"] = {
-        "limits": {"nvidia.com/gpu": str(gpus)},
-        "requests": {"nvidia.com/gpu": str(gpus)},
+        "limits": {GPU: str(gpus)},
+        "requests": {GPU: str(gpus)},
     }
     container["image"] = "registry.invalid/app:1"
     pod["spec"]["nodeSelector"] = {"linkpack.io/e2e-group": group}

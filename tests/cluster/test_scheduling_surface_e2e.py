@@ -19,13 +19,13 @@ from contract.scheduling_policy import POLICY_PLURAL, POLICY_VERSION
 from tests.cluster.controlplane import ControlPlane, temporary_namespace
 from tests.cluster.linkpack_env import (
     ExtenderProcess,
-    gpu_pod,
     node_topology,
     published_nodes,
     running_extender,
     scheduler_config,
     wait_until,
 )
+from tests.support.pods import api_pod_manifest
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -83,10 +83,7 @@ def namespace(surface: tuple[ControlPlane, ExtenderProcess]) -> Iterator[str]:
 
 
 def _pod(name: str, annotations: dict[str, str] | None = None, **ask: int) -> dict[str, Any]:
-    pod = gpu_pod(name, **ask)
-    pod["metadata"]["annotations"] = dict(annotations or {})
-    pod["spec"]["nodeSelector"] = dict(ROLE)
-    return pod
+    return api_pod_manifest(name, annotations=annotations, node_selector=ROLE, **ask)
 
 
 def _submit(cp: ControlPlane, namespace: str, pod: dict[str, Any]) -> None:

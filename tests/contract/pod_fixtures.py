@@ -1,7 +1,8 @@
 """Pod manifests in the API server's shape, each with the effective request Kubernetes gives it.
 
 Both sides (the extender's request reader and the node agent's device plugin) are run over
-these in `test_same_answer.py`; the expected amounts follow the kubelet's own rule.
+these in `test_same_answer.py`; the expected amounts follow the kubelet's own rule. Containers ask
+with limits alone, as a user writes them.
 """
 
 from __future__ import annotations
@@ -9,33 +10,41 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-GPU = "nvidia.com/gpu"
-SHARED = "nvidia.com/gpu.shared"
-MEMORY = "nvidia.com/gpu.memory"
-MIG = "nvidia.com/mig-1g.10gb"
+from tests.support.pods import Amount, pod_manifest
+from tests.support.pods import container as any_container
+from tests.support.resources import GPU, MEMORY, SHARED, mig_resource
+
+MIG = mig_resource("1g.10gb")
 
 
-def container(name: str, restart: str = "", **limits: str) -> dict[str, Any]:
-    resources = {
-        {"gpu": GPU, "shared": SHARED, "memory": MEMORY, "mig": MIG}[k]: v for k, v in limits.items()
-    }
-    out: dict[str, Any] = {"name": name, "image": "cuda", "resources": {"limits": resources}}
-    if restart:
-        out["restartPolicy"] = restart
-    return out
+def container(
+    name: str, restart: str = "", *, gpu: Amount = 0, shared: Amount = 0, memory: Amount = 0, mig: Amount = 0
+) -> dict[str, Any]:
+    """A container asking with limits alone; `restart="Always"` makes an init container a sidecar."""
+    return any_container(
+        name,
+        gpus=gpu,
+        units=shared,
+        memory=memory,
+        mig={"1g.10gb": mig} if mig else None,
+        limits_only=True,
+        image="cuda",
+        restart_policy=restart,
+    )
 
 
 def pod(
     name: str, containers: list[dict[str, Any]], init: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {"schedulerName": "linkpack", "nodeName": "node-a", "containers": containers}
-    if init:
-        spec["initContainers"] = init
-    return {
-        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "resourceVersion": "7"},
-        "spec": spec,
-        "status": {"phase": "Pending"},
-    }
+    """A pending pod already on node-a, with a uid and resourceVersion as the API server gives."""
+    return pod_manifest(
+        name,
+        containers=containers,
+        init_containers=init,
+        uid=f"uid-{name}",
+        resource_version="7",
+        node="node-a",
+    )
 
 
 @dataclass(frozen=True)

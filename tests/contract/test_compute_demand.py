@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 
 from contract.compute_demand import ComputeDemand, node_allocatable_compute, pod_compute_demand
+from tests.support.pods import container
+from tests.support.resources import GPU
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -14,9 +16,16 @@ pytestmark = pytest.mark.timeout(30)
 def _c(
     name: str, cpu: str = "", memory: str = "", limits_only: bool = False, always: bool = False
 ) -> dict[str, Any]:
+    """A container asking for CPU and memory (requests, or limits alone); `always`: a sidecar."""
     amounts = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v}
-    resources = {"limits": amounts} if limits_only else {"requests": amounts}
-    return {"name": name, "resources": resources, **({"restartPolicy": "Always"} if always else {})}
+    return container(
+        name,
+        limits=amounts if limits_only else None,
+        requests=None if limits_only else amounts,
+        limits_only=True,
+        image=None,
+        restart_policy="Always" if always else "",
+    )
 
 
 def test_app_containers_add_up_and_units_round_up() -> None:
@@ -51,6 +60,6 @@ def test_unreadable_values_count_as_nothing_and_nodes_say_their_allocatable() ->
     """A bad quantity never raises; a node without both allocatable values is unknown."""
     assert pod_compute_demand({"spec": {"containers": [_c("main", "lots")]}}) == ComputeDemand()
     assert pod_compute_demand({"spec": "odd"}) == ComputeDemand()
-    node = {"status": {"allocatable": {"cpu": "95500m", "memory": "393216Mi", "nvidia.com/gpu": "8"}}}
+    node = {"status": {"allocatable": {"cpu": "95500m", "memory": "393216Mi", GPU: "8"}}}
     assert node_allocatable_compute(node) == ComputeDemand(95_500, 393_216)
     assert node_allocatable_compute({"status": {"allocatable": {"cpu": "8"}}}) is None

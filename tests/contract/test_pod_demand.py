@@ -14,7 +14,8 @@ from contract.pod_demand import (
     effective_amount,
     effective_amounts,
 )
-from tests.contract.pod_fixtures import CASES, GPU, Case, container, pod
+from tests.contract.pod_fixtures import CASES, Case, container, pod
+from tests.support.resources import GPU
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -14,6 +14,9 @@ from contract.resources import (
     units_per_gpu_from_env,
 )
 
+# The resource names are literal here: these tests check the contract's default names and the
+# settings that change them, so the text itself is the point.
+
 pytestmark = pytest.mark.timeout(10)
 
 

@@ -9,7 +9,6 @@ the device plugin can cut into the containers' slots, so the kubelet admits the 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,7 +17,6 @@ from contract.allocation import decode_allocation
 from contract.gpu_topology import as_published
 from contract.keys import ALLOCATION_ANNOTATION
 from contract.pod_demand import effective_amount
-from contract.resources import ResourceNames
 from extender.config import ExtenderConfig
 from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService, handlers_for
@@ -29,31 +27,12 @@ from node_agent.deviceplugin.pod_records import bound_pod
 from node_agent.deviceplugin.records import split_record
 from node_agent.kube.node_api import pod_from_dict
 from tests.contract.pod_fixtures import CASES, Case
-from topology.catalog import load_machine
-from topology.model import MigDevice, MigMode, NodeTopology
+from tests.support.machines import dgx_a100_with_mig
+from tests.support.resources import NAMES
 
 pytestmark = pytest.mark.timeout(60)
 
-NAMES = ResourceNames()
 NODE = "node-a"
-
-
-def dgx_a100_with_mig() -> NodeTopology:
-    """A DGX A100 whose GPU 7 is in MIG mode with seven 1g.10gb instances."""
-    base = load_machine("dgx-a100")
-    gpus = []
-    for g in base.gpus:
-        g = replace(
-            g, uuid=f"GPU-0000000{g.index}-aaaa-bbbb-cccc-dddddddddddd", memory_mib=g.memory_mib or 81920
-        )
-        if g.index == 7:
-            migs = tuple(
-                MigDevice(f"MIG-0000000{k}-aaaa-bbbb-cccc-eeeeeeeeeeee", "1g.10gb", k + 7, 0, 9728)
-                for k in range(7)
-            )
-            g = replace(g, mig_mode=MigMode.ENABLED, mig_devices=migs)
-        gpus.append(g)
-    return replace(base, gpus=tuple(gpus))
 
 
 TOPOLOGY = dgx_a100_with_mig()

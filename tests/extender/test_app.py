@@ -7,13 +7,14 @@ from fastapi.testclient import TestClient
 from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService
 from extender.serving.app import create_app
-
-from .conftest import filter_args, gpu_pod
+from tests.support.nodes import node_object
+from tests.support.pods import filter_args, pod_manifest
+from tests.support.resources import GPU
 
 
 def test_filter_prioritize_bind_over_http(service: ExtenderService, cluster: InMemoryCluster) -> None:
     http = TestClient(create_app(service))
-    pod = cluster.create_pod(gpu_pod("web", gpus=2))
+    pod = cluster.create_pod(pod_manifest("web", gpus=2))
     body = filter_args(pod, ["nv-node", "pcie-node"])
     filtered = http.post("/filter", json=body)
     assert filtered.status_code == 200 and filtered.json()["NodeNames"] == ["nv-node", "pcie-node"]
@@ -37,7 +38,7 @@ def test_health_readiness_and_metrics(service: ExtenderService) -> None:
     http = TestClient(create_app(service))
     assert http.get("/healthz").json() == {"status": "ok"}
     assert http.get("/readyz").status_code == 200
-    service.filter(filter_args(gpu_pod(gpus=1), ["nv-node", "bare-node"]))
+    service.filter(filter_args(pod_manifest(gpus=1), ["nv-node", "bare-node"]))
     text = http.get("/metrics").text
     assert "linkpack_extender_request_seconds_bucket" in text
     assert (
@@ -64,13 +65,9 @@ def test_a_gpu_node_without_topology_record_is_exported(
     from extender.kube.translate import node_facts
     from extender.state.snapshot import NodeFacts
 
-    facts = node_facts(
-        {"metadata": {"name": "gpu-orphan"}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}
-    )
+    facts = node_facts(node_object("gpu-orphan", allocatable={GPU: "8"}))
     assert facts.advertises_gpus
-    assert not node_facts(
-        {"metadata": {"name": "cpu"}, "status": {"allocatable": {"cpu": "64"}}}
-    ).advertises_gpus
+    assert not node_facts(node_object("cpu", allocatable={"cpu": "64"})).advertises_gpus
     cluster.add_node(facts, None)
     cluster.add_node(NodeFacts("cpu-only"), None)
     text = TestClient(create_app(service)).get("/metrics").text

@@ -17,11 +17,11 @@ from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService
 from extender.serving.app import create_app
 from extender.state.snapshot import NodeFacts
+from tests.support.machines import hgx_h100, rtx3090_two_socket
+from tests.support.pods import filter_args, pod_manifest
 from topology.catalog import load_machine
 from topology.graph import build_graph
 from topology.model import LinkKind
-
-from .conftest import filter_args, gpu_pod, hgx_h100, two_socket_pcie
 
 NODES = ["nv-node", "pcie-node", "bare-node"]
 
@@ -83,8 +83,10 @@ def test_the_overview_lists_every_node_with_counts_and_totals(http: TestClient) 
 def test_a_node_page_shows_use_holders_graph_and_pods(
     http: TestClient, service: ExtenderService, cluster: InMemoryCluster
 ) -> None:
-    assert _schedule(service, cluster, gpu_pod("trainer", gpus=2), ["nv-node"]) == "nv-node"
-    assert _schedule(service, cluster, gpu_pod("infer", units=30, memory=10000), ["nv-node"]) == "nv-node"
+    assert _schedule(service, cluster, pod_manifest("trainer", gpus=2), ["nv-node"]) == "nv-node"
+    assert (
+        _schedule(service, cluster, pod_manifest("infer", units=30, memory=10000), ["nv-node"]) == "nv-node"
+    )
     doc = http.get("/debug/topology/nv-node").json()
     assert doc["node"]["whole"] == 2 and doc["node"]["shared"] == 1 and doc["node"]["free"] == 5
     by_status: dict[str, list[dict[str, Any]]] = {}
@@ -107,7 +109,7 @@ def test_a_node_page_shows_use_holders_graph_and_pods(
 
 
 def test_unhealthy_and_cordoned_gpus_are_marked(http: TestClient, cluster: InMemoryCluster) -> None:
-    topology = two_socket_pcie("cordon")
+    topology = rtx3090_two_socket("cordon")
     cluster.add_node(
         NodeFacts("sick", cordons=Cordons(frozenset({canonical_gpu_uuid(topology.gpus[5].uuid)}))),
         as_published("sick", topology, unhealthy=frozenset({2})),
@@ -137,7 +139,7 @@ def test_a_node_without_topology_still_answers(http: TestClient) -> None:
 def test_the_html_page_draws_every_gpu_with_a_legend_and_nothing_external(
     http: TestClient, service: ExtenderService, cluster: InMemoryCluster
 ) -> None:
-    _schedule(service, cluster, gpu_pod("trainer", gpus=4), ["pcie-node"])
+    _schedule(service, cluster, pod_manifest("trainer", gpus=4), ["pcie-node"])
     reply = http.get("/debug/topology/pcie-node", headers={"Accept": "text/html,application/xhtml+xml"})
     assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/html")
     page = reply.text
@@ -162,8 +164,8 @@ def test_names_from_the_cluster_are_escaped_in_the_html_pages(
     http: TestClient, service: ExtenderService, cluster: InMemoryCluster
 ) -> None:
     node, pod = "evil<script>", "p<script>alert('x')</script>"  # a path parameter cannot hold "/"
-    cluster.add_node(NodeFacts(node), as_published(node, two_socket_pcie("evil")))
-    assert _schedule(service, cluster, gpu_pod(pod, units=20, memory=1000), [node]) == node
+    cluster.add_node(NodeFacts(node), as_published(node, rtx3090_two_socket("evil")))
+    assert _schedule(service, cluster, pod_manifest(pod, units=20, memory=1000), [node]) == node
     page = http.get(f"/debug/topology/{quote(node, safe='')}?format=html").text
     assert "<script" not in page and "alert('x')" not in page
     assert "<h1>evil&lt;script&gt;</h1>" in page  # the heading
@@ -178,7 +180,7 @@ def test_names_from_the_cluster_are_escaped_in_the_html_pages(
 
 
 def test_the_layout_is_deterministic_and_keeps_gpus_apart() -> None:
-    for topology in (hgx_h100(), two_socket_pcie(), load_machine("dgx-a100"), load_machine("dgx1-v100")):
+    for topology in (hgx_h100(), rtx3090_two_socket(), load_machine("dgx-a100"), load_machine("dgx1-v100")):
         graph = build_graph(topology)
         first, again = radial_layout(topology, graph), radial_layout(topology)
         assert first.angles == again.angles and first.radii == again.radii
@@ -196,7 +198,7 @@ def test_the_layout_is_deterministic_and_keeps_gpus_apart() -> None:
 def test_explain_a_bound_pod_gives_its_node_gpus_and_scores(
     http: TestClient, service: ExtenderService, cluster: InMemoryCluster
 ) -> None:
-    node = _schedule(service, cluster, gpu_pod("trainer", gpus=4), ["nv-node", "pcie-node", "bare-node"])
+    node = _schedule(service, cluster, pod_manifest("trainer", gpus=4), ["nv-node", "pcie-node", "bare-node"])
     doc = http.get("/debug/explain/ml/trainer").json()
     assert doc["status"] == "bound" and doc["bound"]["node"] == node == "nv-node"
     assert len(doc["bound"]["gpus"]) == 4 and doc["summary"].startswith("bound to nv-node on GPUs")
@@ -217,9 +219,11 @@ def test_explain_a_bound_pod_gives_its_node_gpus_and_scores(
 def test_explain_a_pending_pod_says_why_node_by_node(
     http: TestClient, service: ExtenderService, cluster: InMemoryCluster
 ) -> None:
-    assert _schedule(service, cluster, gpu_pod("big", gpus=8), ["nv-node", "pcie-node", "bare-node"]) != ""
-    assert _schedule(service, cluster, gpu_pod("bigger", gpus=8), NODES) != ""
-    assert _schedule(service, cluster, gpu_pod("waiting", gpus=3), NODES) == ""
+    assert (
+        _schedule(service, cluster, pod_manifest("big", gpus=8), ["nv-node", "pcie-node", "bare-node"]) != ""
+    )
+    assert _schedule(service, cluster, pod_manifest("bigger", gpus=8), NODES) != ""
+    assert _schedule(service, cluster, pod_manifest("waiting", gpus=3), NODES) == ""
     doc = http.get("/debug/explain/ml/waiting").json()
     assert doc["status"] == "pending"
     assert doc["summary"] == (
@@ -239,8 +243,10 @@ def test_explain_keeps_each_pods_own_filter_outcome(
     http: TestClient, service: ExtenderService, cluster: InMemoryCluster
 ) -> None:
     """Later filter calls for the same request shape must not rewrite an earlier pod's answer."""
-    assert _schedule(service, cluster, gpu_pod("first", gpus=8), ["nv-node", "pcie-node"]) == "nv-node"
-    assert _schedule(service, cluster, gpu_pod("second", gpus=8), ["nv-node", "pcie-node"]) == "pcie-node"
+    assert _schedule(service, cluster, pod_manifest("first", gpus=8), ["nv-node", "pcie-node"]) == "nv-node"
+    assert (
+        _schedule(service, cluster, pod_manifest("second", gpus=8), ["nv-node", "pcie-node"]) == "pcie-node"
+    )
     first = http.get("/debug/explain/ml/first").json()
     assert first["filter"]["passed"] == ["nv-node", "pcie-node"]
     assert first["filter"]["failed"] == {} and first["status"] == "bound"
@@ -254,10 +260,10 @@ def test_explain_a_pod_never_seen_is_a_404_saying_so(http: TestClient, cluster: 
         == "the extender has not been asked about pod ml/ghost yet; no such pod in the cluster"
     )
     assert reply.json()["inCluster"] is False
-    cluster.create_pod(gpu_pod("queued", gpus=1))
+    cluster.create_pod(pod_manifest("queued", gpus=1))
     doc = http.get("/debug/explain/ml/queued").json()
     assert doc["inCluster"] is True and "not bound yet" in doc["error"]
-    other = gpu_pod("elsewhere", gpus=1)
+    other = pod_manifest("elsewhere", gpus=1)
     other["spec"]["schedulerName"] = "default-scheduler"
     cluster.create_pod(other)
     assert (
@@ -269,7 +275,7 @@ def test_explain_a_pod_never_seen_is_a_404_saying_so(http: TestClient, cluster: 
 def test_explain_an_invalid_request(
     http: TestClient, service: ExtenderService, cluster: InMemoryCluster
 ) -> None:
-    pod = cluster.create_pod(gpu_pod("odd", gpus=1, linkpack_io_policy="yolo"))
+    pod = cluster.create_pod(pod_manifest("odd", gpus=1, policy="yolo"))
     service.filter(filter_args(pod, NODES))
     doc = http.get("/debug/explain/ml/odd").json()
     assert doc["status"] == "invalid-request" and "unknown linkpack.io/policy 'yolo'" in doc["summary"]
@@ -291,9 +297,9 @@ def _fingerprint(service: ExtenderService) -> tuple[Any, ...]:
 def test_what_if_places_without_reserving(
     http: TestClient, service: ExtenderService, cluster: InMemoryCluster
 ) -> None:
-    _schedule(service, cluster, gpu_pod("resident", gpus=4), ["nv-node"])
+    _schedule(service, cluster, pod_manifest("resident", gpus=4), ["nv-node"])
     before = _fingerprint(service)
-    reply = http.post("/debug/what-if", json=gpu_pod("maybe", gpus=4))
+    reply = http.post("/debug/what-if", json=pod_manifest("maybe", gpus=4))
     assert reply.status_code == 200
     doc = reply.json()
     assert doc["best"]["node"] == "nv-node" and len(doc["best"]["gpus"]) == 4
@@ -304,14 +310,15 @@ def test_what_if_places_without_reserving(
     assert {r["node"]: r["filter"] for r in doc["nodes"]}["bare-node"] == "unresolvable"
     assert _fingerprint(service) == before
     assert service.decisions_for("ml", "maybe") is None
-    assert http.post("/debug/what-if", json=gpu_pod("maybe", gpus=4)).json() == doc
+    assert http.post("/debug/what-if", json=pod_manifest("maybe", gpus=4)).json() == doc
 
 
 def test_what_if_when_nothing_fits(http: TestClient) -> None:
-    doc = http.post("/debug/what-if", json=gpu_pod(gpus=9)).json()
+    doc = http.post("/debug/what-if", json=pod_manifest(gpus=9)).json()
     assert doc["best"] is None and doc["summary"].startswith("0/3 nodes are available")
 
 
+# Raw request bodies and the messages users read: resource names stay literal, as the text itself.
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -375,6 +382,6 @@ def test_cordon_junk_reaches_the_node_page_and_the_explanation(
     cluster.add_node(facts, as_published("typo-node", hgx_h100("typo")))
     node_doc = http.get("/debug/topology/typo-node").json()["node"]
     assert len(node_doc["cordonProblems"]) == 2 and "MIG instance" in node_doc["cordonProblems"][1]
-    assert _schedule(service, cluster, gpu_pod("ask", gpus=1), ["typo-node"]) == "typo-node"
+    assert _schedule(service, cluster, pod_manifest("ask", gpus=1), ["typo-node"]) == "typo-node"
     explained = http.get("/debug/explain/ml/ask").json()
     assert "not a GPU UUID" in explained["nodeProblems"]["typo-node"][0]

@@ -23,10 +23,10 @@ from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService
 from extender.serving.app import create_app
 from extender.state.snapshot import NodeFacts
+from tests.support.pods import filter_args, pod_manifest
 from topology.catalog import load_machine
 
 from .browser import BrowserUnavailable, ensure_chromium, run_chromium, serve
-from .conftest import filter_args, gpu_pod
 
 NODE = "dgx-a100-0"
 
@@ -58,8 +58,8 @@ def test_the_node_page_renders_in_chromium(
         NodeFacts(NODE, cordons=Cordons(frozenset(canonical_gpu_uuid(u) for u in cordoned))),
         as_published(NODE, topology, unhealthy=frozenset({7})),
     )
-    _bind(service, cluster, gpu_pod("trainer", gpus=2))
-    _bind(service, cluster, gpu_pod("notebook", units=40, memory=12000))
+    _bind(service, cluster, pod_manifest("trainer", gpus=2))
+    _bind(service, cluster, pod_manifest("notebook", units=40, memory=12000))
     app = create_app(service)
     register_debug_routes(app, service)
     shot = tmp_path / "node.png"

@@ -16,10 +16,12 @@ from contract.gpu_topology import as_published
 from contract.ledger import Ledger, LedgerEntry
 from extender.config import ExtenderConfig
 from extender.kube.in_memory import InMemoryCluster
+from extender.placing import reference
 from extender.placing.reuse import Reuse
 from extender.service import ExtenderService, handlers_for
 from extender.serving.verbs import verb_routes
-from extender.state.snapshot import NodeFacts
+from extender.state.pod_requests import PodRequest
+from extender.state.snapshot import ClusterSnapshot, NodeFacts
 from extender.wire import (
     compact_json,
     filter_result,
@@ -27,12 +29,12 @@ from extender.wire import (
     parse_extender_args,
     string_map_entries,
 )
+from tests.support.pods import pod_manifest
 from topology.catalog import load_machine
 from topology.node_choice import choose_node
 from topology.placement import place
 from topology.scheduling import GpuShare, Placement, Request, WholeGpus
-
-from .conftest import gpu_pod
+from topology.scoring import RawTerms, default_fragmentation
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,19 +85,22 @@ def _bind(cluster: InMemoryCluster, service: ExtenderService, node: str, request
     cluster.write_ledger(Ledger(node, (*ledger.entries, grant), ledger.resource_version))
 
 
+def _reference_terms(snapshot: ClusterSnapshot, node: str, pod: PodRequest) -> RawTerms | None:
+    """The pod's scoring terms on `node` as the plain reference computes them from scratch."""
+    outcome = reference.node_outcome(snapshot, node, pod)
+    return reference.scoring_terms(snapshot, node, pod, outcome, default_fragmentation())
+
+
 def _pods() -> list[dict[str, Any]]:
     return [
-        gpu_pod("one", gpus=1),
-        gpu_pod("two", gpus=2),
-        gpu_pod("four", gpus=4),
-        gpu_pod("share", units=25, memory=8192),
-        gpu_pod("spread", gpus=2, linkpack_io_policy="spread"),
-        gpu_pod("typo", gpus=1, linkpack_io_policy="no-such-policy"),
-        gpu_pod("cpu-only"),
-        {
-            **gpu_pod("other", gpus=1),
-            "spec": {**gpu_pod(gpus=1)["spec"], "schedulerName": "default-scheduler"},
-        },
+        pod_manifest("one", gpus=1),
+        pod_manifest("two", gpus=2),
+        pod_manifest("four", gpus=4),
+        pod_manifest("share", units=25, memory=8192),
+        pod_manifest("spread", gpus=2, policy="spread"),
+        pod_manifest("typo", gpus=1, policy="no-such-policy"),
+        pod_manifest("cpu-only"),
+        pod_manifest("other", gpus=1, scheduler="default-scheduler"),
     ]
 
 
@@ -126,11 +131,11 @@ def test_warm_replies_equal_replies_decided_from_scratch_byte_for_byte(decide_no
             if filtered is not None and filtered.narrowed_from is not None:
                 parsed = outcome.request if outcome is not None else None
                 assert parsed is not None and not isinstance(parsed, str)
-                memo = fresh.decider._memo(parsed.request, parsed.policy)  # type: ignore[union-attr]
+                snapshot = fresh.store.snapshot()
                 terms = [
                     t
                     for n in filtered.narrowed_from.passed
-                    if (t := fresh.decider._terms(fresh.store.snapshot(), memo, n, parsed)) is not None  # type: ignore[arg-type]
+                    if (t := _reference_terms(snapshot, n, parsed)) is not None
                 ]
                 chosen = choose_node(terms)
                 assert chosen is not None and filtered.passed == (chosen.node,)
@@ -182,7 +187,9 @@ def test_an_unchanged_cluster_hands_out_the_same_filter_outcome_and_bytes() -> N
     config = ExtenderConfig()
     cluster = _fleet(config, nodes=10)
     service = _service(config, cluster)
-    raw = json.dumps({"Pod": gpu_pod("again", gpus=2), "NodeNames": [f"node-{i:03d}" for i in range(10)]})
+    raw = json.dumps(
+        {"Pod": pod_manifest("again", gpus=2), "NodeNames": [f"node-{i:03d}" for i in range(10)]}
+    )
     first = service.filter_json(raw.encode())
     log = service.decisions_for("ml", "again")
     outcome = log.filtered if log is not None else None
@@ -270,7 +277,7 @@ def test_the_same_names_in_another_order_reuse_the_answer_without_placing_again(
     cluster = _fleet(config, nodes=30)
     service = _service(config, cluster)
     names = [f"node-{i:03d}" for i in range(28)]
-    body = {"Pod": gpu_pod("again", gpus=1)}
+    body = {"Pod": pod_manifest("again", gpus=1)}
     first = service.filter({**body, "NodeNames": names})
     log = service.decisions_for("ml", "again")
     outcome = log.filtered if log is not None else None

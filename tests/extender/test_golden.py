@@ -11,8 +11,7 @@ from extender.config import ExtenderConfig
 from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService, handlers_for
 from extender.state.snapshot import NodeFacts
-
-from .conftest import hgx_h100, two_socket_pcie
+from tests.support.machines import hgx_h100, rtx3090_two_socket
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -24,7 +23,7 @@ def _golden(verb: str) -> dict[str, Any]:
 def test_captured_filter_prioritize_and_bind_are_served() -> None:
     config = ExtenderConfig(decide_node=False)  # the captured payloads are of filter + prioritize
     cluster = InMemoryCluster(config)
-    cluster.add_node(NodeFacts("golden-a"), as_published("golden-a", two_socket_pcie("a")))
+    cluster.add_node(NodeFacts("golden-a"), as_published("golden-a", rtx3090_two_socket("a")))
     cluster.add_node(NodeFacts("golden-b"), as_published("golden-b", hgx_h100("b")))
     service = ExtenderService(config, cluster)
     cluster.run_watches(handlers_for(service), lambda: True)

@@ -18,9 +18,9 @@ from extender.config import ExtenderConfig
 from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService, handlers_for
 from extender.state.pod_requests import PodRequest, read_pod_request
+from tests.support.machines import hgx_h100
+from tests.support.pods import pod_manifest
 from topology.accounting import accumulate
-
-from .conftest import gpu_pod, hgx_h100
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,10 +44,8 @@ class _GatedCommit:
 def _wait_until_queued(group: GroupCommit[Any, Any], key: str, count: int) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        with group._lock:
-            queue = group._queues.get(key)
-            if queue is not None and len(queue.waiting) >= count:
-                return
+        if group.waiting(key) >= count:
+            return
         time.sleep(0.005)
     raise AssertionError(f"{count} callers never queued on {key}")
 
@@ -59,7 +57,7 @@ def test_a_lone_bind_commits_at_once_by_itself() -> None:
     group: GroupCommit[int, int] = GroupCommit(commit)
     assert group.submit("node-a", 3) == 30
     assert commit.batches == [("node-a", [3])]
-    assert group._queues == {}
+    assert group.busy_keys == frozenset()
 
 
 def test_callers_arriving_during_a_commit_share_the_next_one() -> None:
@@ -161,24 +159,27 @@ class _WatchedApi:
         return getattr(self._cluster, name)
 
 
-def _watched(service: ExtenderService, api: _WatchedApi) -> _WatchedApi:
-    service.binder._api = api  # type: ignore[assignment]  # the same interface, counted
-    return api
+def _watched(config: ExtenderConfig, cluster: InMemoryCluster, api: _WatchedApi) -> ExtenderService:
+    """A service over `cluster` whose every API call goes through `api` (the writes counted)."""
+    service = ExtenderService(config, api)  # type: ignore[arg-type]  # the cluster's interface, counted
+    cluster.run_watches(handlers_for(service), lambda: True)
+    return service
 
 
 def _pending(service: ExtenderService, cluster: InMemoryCluster, name: str, **ask: int) -> PendingBind:
-    created = cluster.create_pod(gpu_pod(name, **ask))
+    created = cluster.create_pod(pod_manifest(name, **ask))
     parsed = read_pod_request(created, service.config, service.store.snapshot().book)
     assert isinstance(parsed, PodRequest)
     return PendingBind(parsed, already_bound=False)
 
 
 def test_one_batch_of_binds_is_one_ledger_write_with_disjoint_gpus(
-    service: ExtenderService, cluster: InMemoryCluster, config: ExtenderConfig
+    cluster: InMemoryCluster, config: ExtenderConfig
 ) -> None:
     """Four pods (1, 2, 4 and 1 GPUs) committed as one batch: one write holding all four, each
     planned after the ones before it, so no GPU is granted twice."""
-    api = _watched(service, _WatchedApi(cluster))
+    api = _WatchedApi(cluster)
+    service = _watched(config, cluster, api)
     batch = [
         _pending(service, cluster, "a", gpus=1),
         _pending(service, cluster, "b", gpus=2),
@@ -207,7 +208,7 @@ def test_a_pod_that_no_longer_fits_is_named_and_the_rest_commit(
 
 
 def test_a_conflicting_batch_is_replanned_on_the_fresh_ledger(
-    service: ExtenderService, cluster: InMemoryCluster, config: ExtenderConfig
+    cluster: InMemoryCluster, config: ExtenderConfig
 ) -> None:
     """Another replica commits a 4-GPU pod between this batch's planning and its write: the
     write conflicts, the batch is re-planned on the API's ledger, and every GPU is granted once."""
@@ -218,7 +219,8 @@ def test_a_conflicting_batch_is_replanned_on_the_fresh_ledger(
     def rival_commits() -> None:
         assert isinstance(other.binder.commit_batch("nv-node", [rival])[0], Committed)
 
-    api = _watched(service, _WatchedApi(cluster, rival_commits))
+    api = _WatchedApi(cluster, rival_commits)
+    service = _watched(config, cluster, api)
     batch = [_pending(service, cluster, f"p{i}", gpus=2) for i in range(2)]
     outcomes = service.binder.commit_batch("nv-node", batch)
     assert all(isinstance(o, Committed) and o.attempts == 2 for o in outcomes)
@@ -229,12 +231,13 @@ def test_a_conflicting_batch_is_replanned_on_the_fresh_ledger(
 
 
 def test_concurrent_binds_to_one_node_share_writes_and_all_bind(
-    service: ExtenderService, cluster: InMemoryCluster
+    cluster: InMemoryCluster, config: ExtenderConfig
 ) -> None:
     """Eight 1-GPU pods bound from eight threads at once: all bound on eight distinct GPUs, in
     no more ledger writes than binds."""
-    api = _watched(service, _WatchedApi(cluster))
-    pods = [cluster.create_pod(gpu_pod(f"t{i}", gpus=1)) for i in range(8)]
+    api = _WatchedApi(cluster)
+    service = _watched(config, cluster, api)
+    pods = [cluster.create_pod(pod_manifest(f"t{i}", gpus=1)) for i in range(8)]
 
     def bind(created: dict[str, Any]) -> str:
         m = created["metadata"]

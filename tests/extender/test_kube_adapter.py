@@ -36,9 +36,8 @@ class ScriptedApi:
 
 
 def _adapter(scripted: ScriptedApi) -> KubeClusterApi:
-    api = KubeClusterApi(client.ApiClient(client.Configuration(host="http://127.0.0.1:9")), ExtenderConfig())
-    api._requests = scripted  # type: ignore[assignment]
-    return api
+    api_client = client.ApiClient(client.Configuration(host="http://127.0.0.1:9"))
+    return KubeClusterApi(api_client, ExtenderConfig(), requests=scripted)  # type: ignore[arg-type]
 
 
 def _config_map(node: str, rv: str) -> dict[str, Any]:
@@ -90,7 +89,7 @@ def test_the_watch_echo_of_our_own_commit_is_not_applied_again() -> None:
     handlers = WatchHandlers(
         ignore, ignore, ignore, applied.append, ignore, ignore, ignore, ignore, ignore, ignore, ignore, ignore
     )
-    sink = api._on_ledger(handlers)
+    sink = api.ledger_sink(handlers)
     api.write_ledger(Ledger("n1", (), "41"))
     sink.apply("MODIFIED", _config_map("n1", "42"))
     assert applied == []

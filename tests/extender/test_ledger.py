@@ -7,6 +7,7 @@ import pytest
 from contract.allocation import Allocation, Enforcement
 from contract.ledger import Ledger, LedgerEntry, LedgerError, decode_ledger, encode_ledger
 from extender.state.stale_entries import PodFacts, StaleReason, stale_entries
+from tests.support.resources import SHARED
 from topology.scheduling import GpuGrant
 
 NOW = 10_000.0
@@ -19,7 +20,7 @@ def _entry(uid: str, reserved_at: float = NOW - 10) -> LedgerEntry:
         uid,
         "ml",
         f"pod-{uid}",
-        Allocation("n1", (grant,), 3, Enforcement.COOPERATIVE, (("nvidia.com/gpu.shared", 25),)),
+        Allocation("n1", (grant,), 3, Enforcement.COOPERATIVE, ((SHARED, 25),)),
         reserved_at,
     )
 

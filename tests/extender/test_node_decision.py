@@ -12,14 +12,17 @@ from contract.gpu_topology import as_published
 from extender.config import ExtenderConfig
 from extender.kube.in_memory import InMemoryCluster
 from extender.kube.translate import node_facts, tracked_pod
+from extender.placing import reference
 from extender.service import ExtenderService, handlers_for
 from extender.state.pod_requests import PodRequest, read_pod_request
 from extender.state.snapshot import NodeFacts, TrackedPod
 from extender.state.store import ClusterStore
+from tests.support.machines import hgx_h100, rtx3090_two_socket
+from tests.support.nodes import node_object
+from tests.support.pods import container, filter_args, pod_manifest
 from topology.fragmentation import PodShape
 from topology.node_choice import choose_node
-
-from .conftest import filter_args, gpu_pod, hgx_h100, two_socket_pcie
+from topology.scoring import default_fragmentation
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,7 +36,7 @@ def deciding() -> tuple[ExtenderService, InMemoryCluster]:
     allocatable = ComputeDemand(64_000, 512 * 1024)
     cluster.add_node(NodeFacts("nv-node", allocatable=allocatable), as_published("nv-node", hgx_h100()))
     cluster.add_node(
-        NodeFacts("pcie-node", allocatable=allocatable), as_published("pcie-node", two_socket_pcie())
+        NodeFacts("pcie-node", allocatable=allocatable), as_published("pcie-node", rtx3090_two_socket())
     )
     service = ExtenderService(config, cluster)
     cluster.run_watches(handlers_for(service), lambda: True)
@@ -52,7 +55,7 @@ def test_filter_answers_the_one_node_the_ranking_chooses(
     leaves the other fitting node out of the answer (the scheduler drops it); the explain log
     says it was not chosen, naming the chosen one."""
     service, _ = deciding
-    pod = _with_cpu(gpu_pod(gpus=1), "4")
+    pod = _with_cpu(pod_manifest(gpus=1), "4")
     result = service.filter(filter_args(pod, NODES))
     assert len(result["NodeNames"]) == 1
     assert result["FailedNodes"] == {} and result["FailedAndUnresolvableNodes"] == {}
@@ -64,8 +67,11 @@ def test_filter_answers_the_one_node_the_ranking_chooses(
     snapshot = service.store.snapshot()
     parsed = read_pod_request(pod, service.config, snapshot.book)
     assert isinstance(parsed, PodRequest) and parsed.decide_node
+    fragmentation = default_fragmentation()
     terms = [
-        service.decider._terms(snapshot, service.decider._memo(parsed.request, parsed.policy), n, parsed)
+        reference.scoring_terms(
+            snapshot, n, parsed, reference.node_outcome(snapshot, n, parsed), fragmentation
+        )
         for n in NODES
     ]
     best = choose_node([t for t in terms if t is not None])
@@ -85,34 +91,31 @@ def test_a_policy_with_decide_node_false_leaves_the_choice_to_the_scores(
             "spec": {"decideNode": False},
         }
     )
-    result = service.filter(filter_args(gpu_pod(gpus=1, linkpack_io_policy="mix"), NODES))
+    result = service.filter(filter_args(pod_manifest(gpus=1, policy="mix"), NODES))
     assert result["NodeNames"] == NODES
 
 
 def _node(name: str, cpu: str = "64", memory: str = "256Gi") -> dict[str, Any]:
-    return {"metadata": {"name": name}, "status": {"allocatable": {"cpu": cpu, "memory": memory}}}
+    return node_object(name, allocatable={"cpu": cpu, "memory": memory})
 
 
 def _pod(uid: str, node: str = "", cpu: str = "1", phase: str = "Running", gpus: int = 0) -> TrackedPod:
-    limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    """A pod whose init container asks for 8 CPUs and 1Gi, its app container `cpu` and 2Gi (and
+    `gpus`), with 250m of RuntimeClass overhead."""
+    fetch = container("fetch", requests={"cpu": "8", "memory": "1Gi"}, image=None)
     return tracked_pod(
-        {
-            "metadata": {"name": uid, "namespace": "ml", "uid": uid},
-            "spec": {
-                "nodeName": node,
-                "initContainers": [
-                    {"name": "fetch", "resources": {"requests": {"cpu": "8", "memory": "1Gi"}}}
-                ],
-                "containers": [
-                    {
-                        "name": "main",
-                        "resources": {"requests": {"cpu": cpu, "memory": "2Gi", **limits}, "limits": limits},
-                    }
-                ],
-                "overhead": {"cpu": "250m"},
-            },
-            "status": {"phase": phase},
-        }
+        pod_manifest(
+            uid,
+            uid=uid,
+            node=node,
+            phase=phase,
+            scheduler=None,
+            gpus=gpus,
+            requests={"cpu": cpu, "memory": "2Gi"},
+            image=None,
+            init_containers=[fetch],
+            overhead={"cpu": "250m"},
+        )
     )
 
 
@@ -167,7 +170,7 @@ def test_gpu_pods_asking_for_no_cpu_fill_one_node_after_another() -> None:
     cluster.run_watches(handlers_for(service), lambda: True)
     used: dict[str, int] = {}
     for i in range(40):
-        created = cluster.create_pod(gpu_pod(f"one-{i}", gpus=1))
+        created = cluster.create_pod(pod_manifest(f"one-{i}", gpus=1))
         (node,) = service.filter(filter_args(created, names))["NodeNames"]
         m = created["metadata"]
         bound = service.bind(

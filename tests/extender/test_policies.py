@@ -10,13 +10,13 @@ import pytest
 
 from contract.allocation import decode_allocation
 from contract.gpu_topology import as_published
-from contract.keys import ALLOCATION_ANNOTATION
+from contract.keys import ALLOCATION_ANNOTATION, CUDA_VERSION_ANNOTATION, GPU_POWER_ANNOTATION
 from extender.config import ExtenderConfig
 from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService, handlers_for
 from extender.state.snapshot import NodeFacts
-
-from .conftest import filter_args, gpu_pod, hgx_h100, two_socket_pcie
+from tests.support.machines import hgx_h100, rtx3090_two_socket
+from tests.support.pods import filter_args, pod_manifest
 
 pytestmark = pytest.mark.timeout(60)
 NODES = ["nv-node", "pcie-node"]
@@ -42,7 +42,7 @@ def _published(name: str, topology: Any, cuda: str = "", driver: str = "") -> An
 def cluster(config: ExtenderConfig) -> InMemoryCluster:
     c = InMemoryCluster(config)
     c.add_node(NodeFacts("nv-node"), _published("nv-node", hgx_h100(), "12.4", "550.54.15"))
-    c.add_node(NodeFacts("pcie-node"), _published("pcie-node", two_socket_pcie(), "12.2", "535.104.05"))
+    c.add_node(NodeFacts("pcie-node"), _published("pcie-node", rtx3090_two_socket(), "12.2", "535.104.05"))
     return c
 
 
@@ -62,7 +62,7 @@ def test_a_pod_names_a_policy_and_its_requirements_hold(
 ) -> None:
     """A policy requiring NVSwitch keeps its pods off the PCIe node, with the reason naming the policy."""
     cluster.put_policy(policy("fabric", topology={"requireNvswitch": True}))
-    result = _filter(service, gpu_pod(gpus=2, linkpack_io_policy="fabric"))
+    result = _filter(service, pod_manifest(gpus=2, policy="fabric"))
     assert result["NodeNames"] == ["nv-node"]
     assert "requires NVSwitch" in result["FailedAndUnresolvableNodes"]["pcie-node"]
     assert "fabric" in result["FailedAndUnresolvableNodes"]["pcie-node"]
@@ -74,10 +74,10 @@ def test_a_namespace_default_and_the_cluster_default_apply_in_order(
     """Without an annotation the namespace's policy decides; without that, the policy named default."""
     cluster.put_policy(policy("default", allowedGpuModels=["NVIDIA GeForce RTX 3090"]))
     cluster.put_policy(policy("fabric", topology={"requireNvswitch": True}))
-    assert _filter(service, gpu_pod(gpus=1))["NodeNames"] == ["pcie-node"]  # the cluster default
+    assert _filter(service, pod_manifest(gpus=1))["NodeNames"] == ["pcie-node"]  # the cluster default
     cluster.set_namespace_policy("ml", "fabric")
-    assert _filter(service, gpu_pod(gpus=1))["NodeNames"] == ["nv-node"]  # the namespace's
-    pinned = gpu_pod(gpus=1, linkpack_io_policy="balanced")  # a built-in, named by the pod
+    assert _filter(service, pod_manifest(gpus=1))["NodeNames"] == ["nv-node"]  # the namespace's
+    pinned = pod_manifest(gpus=1, policy="balanced")  # a built-in, named by the pod
     assert _filter(service, pinned)["NodeNames"] == NODES
 
 
@@ -88,13 +88,11 @@ def test_an_unknown_or_invalid_policy_is_an_unresolvable_reason_naming_it(
     naming the policy and what is wrong; nothing is placed or changed."""
     cluster.put_policy(policy("broken", weights={"packing": -3}))
     before = service.store.snapshot().ledgers()
-    broken = _filter(service, gpu_pod(gpus=1, linkpack_io_policy="broken"))
+    broken = _filter(service, pod_manifest(gpus=1, policy="broken"))
     assert broken["NodeNames"] == []
     reason = broken["FailedAndUnresolvableNodes"]["nv-node"]
     assert "GpuSchedulingPolicy 'broken'" in reason and "weights.packing" in reason
-    unknown = _filter(service, gpu_pod(gpus=1, linkpack_io_policy="nope"))["FailedAndUnresolvableNodes"][
-        "nv-node"
-    ]
+    unknown = _filter(service, pod_manifest(gpus=1, policy="nope"))["FailedAndUnresolvableNodes"]["nv-node"]
     assert "unknown linkpack.io/policy 'nope'" in unknown and "broken" in unknown and "balanced" in unknown
     assert service.store.snapshot().ledgers() == before
 
@@ -104,14 +102,14 @@ def test_a_policy_change_applies_to_the_next_decision_not_to_a_committed_one(
 ) -> None:
     """Tightening a policy changes where the next pod may go; the allocation already made stays."""
     cluster.put_policy(policy("team", allowedGpuModels=["NVIDIA GeForce RTX 3090"]))
-    first = cluster.create_pod(gpu_pod("first", gpus=1, linkpack_io_policy="team"))
+    first = cluster.create_pod(pod_manifest("first", gpus=1, policy="team"))
     assert _filter(service, first)["NodeNames"] == ["pcie-node"]
     meta = first["metadata"]
     assert service.bind(
         {"PodName": "first", "PodNamespace": "ml", "PodUID": meta["uid"], "Node": "pcie-node"}
     ) == {"Error": ""}
     cluster.put_policy(policy("team", allowedGpuModels=["NVIDIA H100 80GB HBM3"]))
-    assert _filter(service, gpu_pod("second", gpus=1, linkpack_io_policy="team"))["NodeNames"] == ["nv-node"]
+    assert _filter(service, pod_manifest("second", gpus=1, policy="team"))["NodeNames"] == ["nv-node"]
     kept = decode_allocation(
         cluster.read_pod("ml", "first").manifest["metadata"]["annotations"][ALLOCATION_ANNOTATION]
     )
@@ -121,7 +119,7 @@ def test_a_policy_change_applies_to_the_next_decision_not_to_a_committed_one(
 def test_sharing_defaults_give_memory_per_unit(service: ExtenderService, cluster: InMemoryCluster) -> None:
     """A share asking units only gets the policy's memory per unit, and the cap lands in the record."""
     cluster.put_policy(policy("default", sharing={"memoryPerUnitMiB": 512}))
-    pod = cluster.create_pod(gpu_pod("units-only", units=10))
+    pod = cluster.create_pod(pod_manifest("units-only", units=10))
     meta = pod["metadata"]
     assert service.bind(
         {"PodName": "units-only", "PodNamespace": "ml", "PodUID": meta["uid"], "Node": "nv-node"}
@@ -142,7 +140,7 @@ def test_explain_says_which_policy_decided_and_why(
 
     cluster.put_policy(policy("fabric", topology={"requireNvswitch": True}))
     cluster.set_namespace_policy("ml", "fabric")
-    created = cluster.create_pod(gpu_pod("explained", gpus=1))
+    created = cluster.create_pod(pod_manifest("explained", gpus=1))
     _filter(service, created)
     doc = TestClient(create_app(service)).get("/debug/explain/ml/explained").json()
     assert doc["request"]["policy"]["name"] == "fabric"
@@ -154,14 +152,14 @@ def test_a_pod_needing_a_newer_cuda_than_a_driver_runs_is_kept_off_it(
 ) -> None:
     """A pod needing CUDA 12.4 passes the 12.4 node and is refused by the 12.2 one, the reason
     naming both versions; a policy's cudaVersion is the default for its pods."""
-    result = _filter(service, gpu_pod(gpus=1, linkpack_io_cuda_version="12.4"))
+    result = _filter(service, pod_manifest(gpus=1, annotations={CUDA_VERSION_ANNOTATION: "12.4"}))
     assert result["NodeNames"] == ["nv-node"]
     assert result["FailedAndUnresolvableNodes"]["pcie-node"].endswith(
         "driver 535.104.05 runs CUDA up to 12.2, the pod needs 12.4"
     )
     cluster.put_policy(policy("new-cuda", cudaVersion="12.3"))
-    assert _filter(service, gpu_pod(gpus=1, linkpack_io_policy="new-cuda"))["NodeNames"] == ["nv-node"]
-    bad = _filter(service, gpu_pod(gpus=1, linkpack_io_cuda_version="twelve"))
+    assert _filter(service, pod_manifest(gpus=1, policy="new-cuda"))["NodeNames"] == ["nv-node"]
+    bad = _filter(service, pod_manifest(gpus=1, annotations={CUDA_VERSION_ANNOTATION: "twelve"}))
     assert "linkpack.io/cuda-version 'twelve'" in bad["FailedAndUnresolvableNodes"]["nv-node"]
 
 
@@ -177,14 +175,14 @@ def test_power_budgets_are_placed_within_each_gpus_limit(config: ExtenderConfig)
     limit; an impossible budget is refused naming the range, and an unknown limit is refused too."""
     cluster = InMemoryCluster(config)
     cluster.add_node(NodeFacts("powered"), _with_power(as_published("powered", hgx_h100()), 700, 200, 700))
-    cluster.add_node(NodeFacts("unknown"), as_published("unknown", two_socket_pcie()))
+    cluster.add_node(NodeFacts("unknown"), as_published("unknown", rtx3090_two_socket()))
     service = ExtenderService(config, cluster)
     cluster.run_watches(handlers_for(service), lambda: True)
     nodes = ["powered", "unknown"]
 
     def bind(name: str, **ask: Any) -> str:
         watts = ask.pop("watts")
-        pod = cluster.create_pod(gpu_pod(name, linkpack_io_gpu_power_watts=str(watts), **ask))
+        pod = cluster.create_pod(pod_manifest(name, annotations={GPU_POWER_ANNOTATION: str(watts)}, **ask))
         meta = pod["metadata"]
         passed = service.filter(filter_args(pod, nodes))
         if not passed["NodeNames"]:
@@ -213,8 +211,10 @@ def test_power_budgets_are_placed_within_each_gpus_limit(config: ExtenderConfig)
         per_gpu[s.grants[0].index] = per_gpu.get(s.grants[0].index, 0) + s.grants[0].power_w
     assert max(per_gpu.values()) <= 700 and len(per_gpu) == 2  # two 300 W shares fit a 700 W GPU, not three
     unknown = service.filter(
-        filter_args(gpu_pod("anywhere", gpus=1, linkpack_io_gpu_power_watts="300"), ["unknown"])
+        filter_args(pod_manifest("anywhere", gpus=1, annotations={GPU_POWER_ANNOTATION: "300"}), ["unknown"])
     )
     assert "does not publish its GPUs' power limits" in unknown["FailedAndUnresolvableNodes"]["unknown"]
-    bad = service.filter(filter_args(gpu_pod("typo", gpus=1, linkpack_io_gpu_power_watts="15w"), nodes))
+    bad = service.filter(
+        filter_args(pod_manifest("typo", gpus=1, annotations={GPU_POWER_ANNOTATION: "15w"}), nodes)
+    )
     assert "linkpack.io/gpu-power-watts '15w'" in bad["FailedAndUnresolvableNodes"]["powered"]

@@ -17,9 +17,8 @@ from extender.placing import reference
 from extender.service import ExtenderService, handlers_for
 from extender.state.pod_requests import PodRequest, read_pod_request
 from extender.state.snapshot import NodeFacts
+from tests.support.pods import filter_args, pod_manifest
 from topology.catalog import load_machine
-
-from .conftest import filter_args, gpu_pod
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -44,14 +43,14 @@ def _pod(rng: random.Random, i: int) -> dict[str, Any]:
     kind = rng.randrange(5)
     name = f"p-{i:03d}"
     if kind == 0:
-        return gpu_pod(name, gpus=rng.choice((1, 2, 4, 8)))
+        return pod_manifest(name, gpus=rng.choice((1, 2, 4, 8)))
     if kind == 1:
-        return gpu_pod(name, units=rng.choice((10, 25, 50)), memory=rng.choice((4096, 8192, 20480)))
+        return pod_manifest(name, units=rng.choice((10, 25, 50)), memory=rng.choice((4096, 8192, 20480)))
     if kind == 2:
-        return gpu_pod(name, gpus=2, linkpack_io_policy="spread")
+        return pod_manifest(name, gpus=2, policy="spread")
     if kind == 3:
-        return gpu_pod(name, gpus=rng.choice((1, 2)), linkpack_io_policy="binpack")
-    return gpu_pod(name, gpus=1)
+        return pod_manifest(name, gpus=rng.choice((1, 2)), policy="binpack")
+    return pod_manifest(name, gpus=1)
 
 
 @pytest.mark.parametrize("decide_node", [True, False])
@@ -99,7 +98,7 @@ def test_a_node_without_a_topology_is_unresolvable_and_every_node_lands_in_one_b
     config = ExtenderConfig()
     _, service = _cluster(config, 5)
     snapshot = service.store.snapshot()
-    parsed = read_pod_request(gpu_pod("eight", gpus=8), config, snapshot.book)
+    parsed = read_pod_request(pod_manifest("eight", gpus=8), config, snapshot.book)
     assert isinstance(parsed, PodRequest)
     outcome = reference.filter_nodes(snapshot, parsed, [f"node-{i:03d}" for i in range(5)])
     assert "node-003" in outcome.unresolvable

@@ -24,9 +24,8 @@ from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService
 from extender.serving.app import create_debug_app
 from extender.state.cluster_api import Identity
+from tests.support.pods import filter_args, pod_manifest
 from tests.tls_certs import TlsSet, issue_tls_set
-
-from .conftest import filter_args, gpu_pod
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -86,7 +85,7 @@ def test_an_identity_without_the_rbac_permission_is_refused_by_name(debug_http: 
     reply = debug_http.get("/debug/topology", headers=bob)
     assert reply.status_code == 403
     assert "bob may not get debug/topology in API group linkpack.io" in reply.json()["error"]
-    assert debug_http.post("/debug/what-if", headers=bob, json=gpu_pod(gpus=1)).status_code == 403
+    assert debug_http.post("/debug/what-if", headers=bob, json=pod_manifest(gpus=1)).status_code == 403
     assert debug_http.get("/debug/explain/ml/nobody", headers=bob).status_code == 404  # allowed, unknown pod
 
 
@@ -122,7 +121,7 @@ def _created(cluster: InMemoryCluster, pod: dict) -> dict:
 
 def test_bind_without_a_pod_uid_is_refused(service: ExtenderService, cluster: InMemoryCluster) -> None:
     """An empty UID used to skip the re-created-pod check; now it is refused outright."""
-    meta = _created(cluster, gpu_pod("no-uid", gpus=1))
+    meta = _created(cluster, pod_manifest("no-uid", gpus=1))
     reply = service.bind({"PodName": meta["name"], "PodNamespace": "ml", "PodUID": "", "Node": "nv-node"})
     assert "names no pod UID" in reply["Error"]
     assert cluster.read_pod("ml", "no-uid").tracked.node_name == ""
@@ -132,7 +131,7 @@ def test_bind_of_another_schedulers_pod_is_refused(
     service: ExtenderService, cluster: InMemoryCluster
 ) -> None:
     """A pod of the default scheduler cannot be bound through the extender, nor filtered onto nodes."""
-    pod = gpu_pod("theirs", gpus=1)
+    pod = pod_manifest("theirs", gpus=1)
     pod["spec"]["schedulerName"] = "default-scheduler"
     meta = _created(cluster, pod)
     reply = service.bind(
@@ -148,7 +147,7 @@ def test_bind_of_another_schedulers_pod_is_refused(
 
 def test_bind_of_a_pod_without_gpus_is_refused(service: ExtenderService, cluster: InMemoryCluster) -> None:
     """The extender's cluster-wide binding right is not lent to pods it does not place."""
-    pod = gpu_pod("cpu-only")
+    pod = pod_manifest("cpu-only")
     meta = _created(cluster, pod)
     reply = service.bind(
         {"PodName": "cpu-only", "PodNamespace": "ml", "PodUID": meta["uid"], "Node": "nv-node"}
@@ -219,7 +218,7 @@ def test_the_verbs_need_the_schedulers_client_certificate(
     the scheduler's certificate gets the verbs; health is plain HTTP on its own port."""
     with _serving(service, reviewer, tls_set) as config:
         url = f"https://127.0.0.1:{config.port}/filter"
-        body = filter_args(gpu_pod(gpus=1), ["nv-node"])
+        body = filter_args(pod_manifest(gpus=1), ["nv-node"])
         with _client(tls_set, None, None) as anonymous, pytest.raises(httpx.TransportError):
             anonymous.post(url, json=body)
         with (

@@ -5,15 +5,15 @@ from __future__ import annotations
 import threading
 
 from contract.allocation import decode_allocation
-from contract.keys import ALLOCATION_ANNOTATION
+from contract.keys import ALLOCATION_ANNOTATION, COMPUTE_PRIORITY_ANNOTATION, INTERPOSER_ANNOTATION
 from extender.binding.reconciler import reconcile_once
 from extender.config import ExtenderConfig
 from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService, handlers_for
 from extender.state.cluster_api import ApiError
+from tests.support.machines import hgx_h100
+from tests.support.pods import filter_args, pod_manifest
 from topology.accounting import accumulate
-
-from .conftest import filter_args, gpu_pod, hgx_h100
 
 NODES = ["nv-node", "pcie-node", "bare-node"]
 
@@ -27,21 +27,20 @@ def _bind(service: ExtenderService, cluster: InMemoryCluster, pod: dict, node: s
 
 
 def test_a_node_without_topology_record_is_unresolvable(service: ExtenderService) -> None:
-    result = service.filter(filter_args(gpu_pod(gpus=2), NODES))
+    result = service.filter(filter_args(pod_manifest(gpus=2), NODES))
     assert result["NodeNames"] == ["nv-node", "pcie-node"]
     assert result["FailedAndUnresolvableNodes"] == {"bare-node": "node has no GPU topology record"}
     assert result["Error"] == ""
 
 
 def test_asking_more_gpus_than_a_node_has_is_unresolvable(service: ExtenderService) -> None:
-    result = service.filter(filter_args(gpu_pod(gpus=9), ["nv-node"]))
+    result = service.filter(filter_args(pod_manifest(gpus=9), ["nv-node"]))
     assert result["NodeNames"] == []
     assert "nv-node" in result["FailedAndUnresolvableNodes"]
 
 
 def test_an_unknown_policy_fails_every_node_with_the_reason(service: ExtenderService) -> None:
-    pod = gpu_pod(gpus=1)
-    pod["metadata"]["annotations"]["linkpack.io/policy"] = "yolo"
+    pod = pod_manifest(gpus=1, policy="yolo")
     result = service.filter(filter_args(pod, NODES))
     assert set(result["FailedAndUnresolvableNodes"]) == set(NODES)
     assert "unknown linkpack.io/policy 'yolo'" in result["FailedAndUnresolvableNodes"]["nv-node"]
@@ -50,7 +49,7 @@ def test_an_unknown_policy_fails_every_node_with_the_reason(service: ExtenderSer
 def test_a_four_gpu_pod_prefers_the_nvswitch_node(service: ExtenderService) -> None:
     scores = {
         p["Host"]: p["Score"]
-        for p in service.prioritize(filter_args(gpu_pod(gpus=4), ["nv-node", "pcie-node"]))
+        for p in service.prioritize(filter_args(pod_manifest(gpus=4), ["nv-node", "pcie-node"]))
     }
     assert scores["nv-node"] > scores["pcie-node"]
 
@@ -58,7 +57,7 @@ def test_a_four_gpu_pod_prefers_the_nvswitch_node(service: ExtenderService) -> N
 def test_bind_records_the_allocation_on_the_pod_and_in_the_ledger(
     service: ExtenderService, cluster: InMemoryCluster
 ) -> None:
-    assert _bind(service, cluster, gpu_pod("trainer", gpus=2), "pcie-node") == ""
+    assert _bind(service, cluster, pod_manifest("trainer", gpus=2), "pcie-node") == ""
     pod = cluster.read_pod("ml", "trainer")
     assert pod.tracked.node_name == "pcie-node"
     allocation = decode_allocation(pod.manifest["metadata"]["annotations"][ALLOCATION_ANNOTATION])
@@ -73,8 +72,8 @@ def test_the_node_fills_up_and_then_filter_says_why(
     service: ExtenderService, cluster: InMemoryCluster
 ) -> None:
     for i in range(4):
-        assert _bind(service, cluster, gpu_pod(f"p{i}", gpus=2), "nv-node") == ""
-    result = service.filter(filter_args(gpu_pod(gpus=1), ["nv-node"]))
+        assert _bind(service, cluster, pod_manifest(f"p{i}", gpus=2), "nv-node") == ""
+    result = service.filter(filter_args(pod_manifest(gpus=1), ["nv-node"]))
     assert result["FailedNodes"]["nv-node"].startswith("too few free GPUs")
 
 
@@ -82,14 +81,14 @@ def test_a_failed_binding_rolls_the_allocation_back(
     service: ExtenderService, cluster: InMemoryCluster
 ) -> None:
     cluster.fail_next_bind = "apiserver unavailable"
-    error = _bind(service, cluster, gpu_pod("unlucky", gpus=8), "nv-node")
+    error = _bind(service, cluster, pod_manifest("unlucky", gpus=8), "nv-node")
     assert "apiserver unavailable" in error
     assert cluster.read_ledger("nv-node").entries == ()
-    assert _bind(service, cluster, gpu_pod("lucky", gpus=8), "nv-node") == ""
+    assert _bind(service, cluster, pod_manifest("lucky", gpus=8), "nv-node") == ""
 
 
 def test_binding_a_recreated_pod_is_refused(service: ExtenderService, cluster: InMemoryCluster) -> None:
-    cluster.create_pod(gpu_pod("same-name", gpus=1))
+    cluster.create_pod(pod_manifest("same-name", gpus=1))
     error = service.bind(
         {"PodName": "same-name", "PodNamespace": "ml", "PodUID": "old-uid", "Node": "nv-node"}
     )["Error"]
@@ -101,7 +100,7 @@ def test_shares_pack_onto_one_gpu_before_opening_another(
     service: ExtenderService, cluster: InMemoryCluster
 ) -> None:
     for i in range(4):
-        assert _bind(service, cluster, gpu_pod(f"s{i}", units=25, memory=8192), "nv-node") == ""
+        assert _bind(service, cluster, pod_manifest(f"s{i}", units=25, memory=8192), "nv-node") == ""
     gpus = {
         decode_allocation(p["metadata"]["annotations"][ALLOCATION_ANNOTATION]).gpu_indices
         for p in cluster.pods()
@@ -114,7 +113,7 @@ def test_concurrent_binders_never_overallocate(config: ExtenderConfig, cluster: 
     services = [ExtenderService(config, cluster) for _ in range(2)]
     for svc in services:
         cluster.run_watches(handlers_for(svc), lambda: True)
-    pods = [cluster.create_pod(gpu_pod(f"race-{i}", gpus=2)) for i in range(12)]
+    pods = [cluster.create_pod(pod_manifest(f"race-{i}", gpus=2)) for i in range(12)]
     errors: list[str] = []
 
     def work(svc: ExtenderService, batch: list[dict]) -> None:
@@ -145,19 +144,19 @@ def test_concurrent_binders_never_overallocate(config: ExtenderConfig, cluster: 
 def test_a_restarted_extender_rebuilds_everything_from_the_api(
     config: ExtenderConfig, service: ExtenderService, cluster: InMemoryCluster
 ) -> None:
-    assert _bind(service, cluster, gpu_pod("kept", gpus=6), "nv-node") == ""
+    assert _bind(service, cluster, pod_manifest("kept", gpus=6), "nv-node") == ""
     fresh = ExtenderService(config, cluster)
     cluster.run_watches(handlers_for(fresh), lambda: True)
-    result = fresh.filter(filter_args(gpu_pod(gpus=4), ["nv-node"]))
+    result = fresh.filter(filter_args(pod_manifest(gpus=4), ["nv-node"]))
     assert result["FailedNodes"]["nv-node"].startswith("too few free GPUs")
-    assert fresh.filter(filter_args(gpu_pod(gpus=2), ["nv-node"]))["NodeNames"] == ["nv-node"]
+    assert fresh.filter(filter_args(pod_manifest(gpus=2), ["nv-node"]))["NodeNames"] == ["nv-node"]
 
 
 def test_deleting_a_pod_frees_its_gpus(service: ExtenderService, cluster: InMemoryCluster) -> None:
-    assert _bind(service, cluster, gpu_pod("gone", gpus=8), "nv-node") == ""
+    assert _bind(service, cluster, pod_manifest("gone", gpus=8), "nv-node") == ""
     cluster.delete_pod("ml", "gone")
     assert reconcile_once(service) == 1
-    assert service.filter(filter_args(gpu_pod(gpus=8), ["nv-node"]))["NodeNames"] == ["nv-node"]
+    assert service.filter(filter_args(pod_manifest(gpus=8), ["nv-node"]))["NodeNames"] == ["nv-node"]
 
 
 def test_a_reservation_that_never_binds_expires(service: ExtenderService, cluster: InMemoryCluster) -> None:
@@ -166,9 +165,9 @@ def test_a_reservation_that_never_binds_expires(service: ExtenderService, cluste
     from contract.ledger import LedgerEntry
     from topology.scheduling import GpuGrant
 
-    created = cluster.create_pod(gpu_pod("orphan", gpus=1))
+    created = cluster.create_pod(pod_manifest("orphan", gpus=1))
     uid = created["metadata"]["uid"]
-    grant = GpuGrant(0, "GPU-h100-0000", True)
+    grant = GpuGrant(0, "GPU-hgx-h100-0", True)
     ledger = cluster.read_ledger("nv-node")
     cluster.write_ledger(
         ledger.with_entry(LedgerEntry(uid, "ml", "orphan", Allocation("nv-node", (grant,)), 1000.0))
@@ -182,7 +181,7 @@ def test_bind_after_filter_does_not_read_the_pod_again(
     service: ExtenderService, cluster: InMemoryCluster
 ) -> None:
     """The request parsed at filter time is reused: one API read fewer on the bind path."""
-    created = cluster.create_pod(gpu_pod("fast", gpus=2))
+    created = cluster.create_pod(pod_manifest("fast", gpus=2))
     service.filter(filter_args(created, ["nv-node"]))
     reads = []
     original = cluster.read_pod
@@ -197,7 +196,7 @@ def test_bind_after_filter_does_not_read_the_pod_again(
 
 def test_a_lost_binding_reply_keeps_the_commit(service: ExtenderService, cluster: InMemoryCluster) -> None:
     """If the Binding succeeded but its answer was lost, the ledger entry must stay (no double allocation)."""
-    created = cluster.create_pod(gpu_pod("lost-reply", gpus=8))
+    created = cluster.create_pod(pod_manifest("lost-reply", gpus=8))
     original = cluster.bind
 
     def bind_then_fail(*args, **kwargs):  # the API server binds, then the connection drops
@@ -230,8 +229,8 @@ def test_an_upper_case_cordon_keeps_the_gpu_out_of_placements(config: ExtenderCo
     cluster.add_node(facts, as_published("dgx", topology))
     service = ExtenderService(config, cluster)
     cluster.run_watches(handlers_for(service), lambda: True)
-    assert service.filter(filter_args(gpu_pod(gpus=2), ["dgx"]))["NodeNames"] == []
-    pod = gpu_pod("one", gpus=1)
+    assert service.filter(filter_args(pod_manifest(gpus=2), ["dgx"]))["NodeNames"] == []
+    pod = pod_manifest("one", gpus=1)
     assert service.filter(filter_args(pod, ["dgx"]))["NodeNames"] == ["dgx"]
     assert _bind(service, cluster, pod, "dgx") == ""
     allocation = decode_allocation(
@@ -254,7 +253,7 @@ def test_the_enforcement_level_follows_what_the_node_publishes(config: ExtenderC
     cluster.run_watches(handlers_for(service), lambda: True)
 
     def level(name: str, node: str, **ask: int) -> Enforcement:
-        assert _bind(service, cluster, gpu_pod(name, **ask), node) == ""
+        assert _bind(service, cluster, pod_manifest(name, **ask), node) == ""
         annotations = cluster.read_pod("ml", name).manifest["metadata"]["annotations"]
         return decode_allocation(annotations[ALLOCATION_ANNOTATION]).enforcement
 
@@ -282,9 +281,8 @@ def test_shares_get_the_interposer_where_the_node_ships_it_unless_they_opt_out(
         annotations = cluster.read_pod("ml", pod["metadata"]["name"]).manifest["metadata"]["annotations"]
         return decode_allocation(annotations[ALLOCATION_ANNOTATION]).enforcement
 
-    assert level(gpu_pod("held-share", units=30, memory=2048)) is Enforcement.INTERPOSER
-    opted_out = gpu_pod("free-share", units=30, memory=2048)
-    opted_out["metadata"]["annotations"]["linkpack.io/interposer"] = "off"
+    assert level(pod_manifest("held-share", units=30, memory=2048)) is Enforcement.INTERPOSER
+    opted_out = pod_manifest("free-share", units=30, memory=2048, annotations={INTERPOSER_ANNOTATION: "off"})
     assert level(opted_out) is Enforcement.COOPERATIVE
 
 
@@ -300,15 +298,13 @@ def test_compute_priority_comes_from_the_annotation_or_the_priority_class(
         annotations = cluster.read_pod("ml", pod["metadata"]["name"]).manifest["metadata"]["annotations"]
         return decode_allocation(annotations[ALLOCATION_ANNOTATION]).priority
 
-    low = gpu_pod("batch", units=10, memory=1024)
-    low["metadata"]["annotations"]["linkpack.io/compute-priority"] = "low"
+    low = pod_manifest("batch", units=10, memory=1024, annotations={COMPUTE_PRIORITY_ANNOTATION: "low"})
     assert priority(low) is ComputePriority.LOW
-    serving = gpu_pod("serving", units=10, memory=1024)
+    serving = pod_manifest("serving", units=10, memory=1024)
     serving["spec"]["priority"] = 100000
     assert priority(serving) is ComputePriority.HIGH
-    assert priority(gpu_pod("plain", units=10, memory=1024)) is ComputePriority.NORMAL
-    bad = gpu_pod("bad", units=10, memory=1024)
-    bad["metadata"]["annotations"]["linkpack.io/compute-priority"] = "urgent"
+    assert priority(pod_manifest("plain", units=10, memory=1024)) is ComputePriority.NORMAL
+    bad = pod_manifest("bad", units=10, memory=1024, annotations={COMPUTE_PRIORITY_ANNOTATION: "urgent"})
     result = service.filter(filter_args(bad, ["nv-node"]))
     assert "linkpack.io/compute-priority 'urgent'" in result["FailedAndUnresolvableNodes"]["nv-node"]
 
@@ -318,10 +314,10 @@ def test_a_repeated_prioritize_reuses_its_answer_until_a_node_changes(
 ) -> None:
     """With nothing changed the same answer comes back; after a bind changes a node the answer
     is rebuilt, and it is what an extender started afresh on the same cluster answers."""
-    body = filter_args(gpu_pod(gpus=4), ["nv-node", "pcie-node"])
+    body = filter_args(pod_manifest(gpus=4), ["nv-node", "pcie-node"])
     first = service.prioritize(body)
     assert service.prioritize(body) is first
-    pod = cluster.create_pod(gpu_pod("taker", gpus=4))
+    pod = cluster.create_pod(pod_manifest("taker", gpus=4))
     service.filter(filter_args(pod, ["nv-node"]))
     bound = service.bind(
         {"PodName": "taker", "PodNamespace": "ml", "PodUID": pod["metadata"]["uid"], "Node": "nv-node"}

@@ -16,10 +16,10 @@ from extender.binding.reconciler import reconcile_once
 from extender.config import ExtenderConfig
 from extender.kube.in_memory import InMemoryCluster
 from extender.service import SYNC_KINDS, ExtenderService, handlers_for
+from tests.support.machines import hgx_h100
+from tests.support.pods import filter_args, pod_manifest
 from topology.accounting import accumulate
 from topology.scheduling import GpuGrant
-
-from .conftest import filter_args, gpu_pod, hgx_h100
 
 
 def _replica(config: ExtenderConfig, cluster: InMemoryCluster, pods_lag: bool = False) -> ExtenderService:
@@ -42,7 +42,7 @@ def test_a_replica_whose_pod_watch_lags_keeps_the_other_replicas_fresh_commit(
 ) -> None:
     """Replica B sees A's new ledger entry before the pod: it reads the pod and keeps the entry."""
     lagging = _replica(config, cluster, pods_lag=True)
-    created = cluster.create_pod(gpu_pod("fresh", gpus=2))
+    created = cluster.create_pod(pod_manifest("fresh", gpus=2))
     assert _bind(service, created, "nv-node") == ""
     assert created["metadata"]["uid"] not in lagging.store.snapshot().pods
     assert reconcile_once(lagging) == 0
@@ -54,7 +54,7 @@ def test_a_lagging_replica_still_releases_what_is_really_gone(
 ) -> None:
     """A pod deleted in the API is released by any replica, whatever its own view says."""
     lagging = _replica(config, cluster, pods_lag=True)
-    assert _bind(service, cluster.create_pod(gpu_pod("done", gpus=1)), "nv-node") == ""
+    assert _bind(service, cluster.create_pod(pod_manifest("done", gpus=1)), "nv-node") == ""
     cluster.delete_pod("ml", "done")
     assert reconcile_once(lagging) == 1
     assert cluster.read_ledger("nv-node").entries == ()
@@ -64,7 +64,7 @@ def test_binds_on_two_replicas_never_share_a_gpu(cluster: InMemoryCluster, confi
     """Both replicas plan on their own (equally stale) views; the ledger's compare-and-swap
     makes the later commit re-plan, so eight 1-GPU pods take eight different GPUs."""
     a, b = _replica(config, cluster), _replica(config, cluster)
-    pods = [cluster.create_pod(gpu_pod(f"p{i}", gpus=1)) for i in range(8)]
+    pods = [cluster.create_pod(pod_manifest(f"p{i}", gpus=1)) for i in range(8)]
     for pod in pods:  # both filter first: each view shows the node empty
         for svc in (a, b):
             assert svc.filter(filter_args(pod, ["nv-node"]))["NodeNames"] == ["nv-node"]
@@ -74,7 +74,7 @@ def test_binds_on_two_replicas_never_share_a_gpu(cluster: InMemoryCluster, confi
     indices = sorted(g.index for g in ledger.grants())
     assert indices == list(range(8))
     assert accumulate(hgx_h100(), list(ledger.grants()), config.units_per_gpu)[1] == ()
-    ninth = cluster.create_pod(gpu_pod("p8", gpus=1))
+    ninth = cluster.create_pod(pod_manifest("p8", gpus=1))
     assert _bind(a, ninth, "nv-node").startswith("node nv-node: ")
 
 
@@ -83,9 +83,9 @@ def test_a_retried_bind_renews_the_dead_replicas_commit_before_using_it(
 ) -> None:
     """A replica died between commit and Binding; the retried bind on the other replica renews
     the entry by compare-and-swap, so a release decided on the old entry leaves it alone."""
-    created = cluster.create_pod(gpu_pod("orphan", gpus=1))
+    created = cluster.create_pod(pod_manifest("orphan", gpus=1))
     uid = created["metadata"]["uid"]
-    old = LedgerEntry(uid, "ml", "orphan", Allocation("nv-node", (GpuGrant(3, "GPU-h100-0003", True),)), 1.0)
+    old = LedgerEntry(uid, "ml", "orphan", Allocation("nv-node", (GpuGrant(3, "GPU-hgx-h100-3", True),)), 1.0)
     cluster.write_ledger(cluster.read_ledger("nv-node").with_entry(old))
     assert _bind(service, created, "nv-node") == ""
     (renewed,) = cluster.read_ledger("nv-node").entries
@@ -102,9 +102,9 @@ def test_a_release_that_wins_the_race_makes_the_retried_bind_place_afresh(
     """The other order: the stale entry is released first; the bind's renewal then conflicts
     with the released ledger, and the pod is placed on what the ledger holds now."""
     other = _replica(config, cluster)
-    created = cluster.create_pod(gpu_pod("late", gpus=1))
+    created = cluster.create_pod(pod_manifest("late", gpus=1))
     uid = created["metadata"]["uid"]
-    old = LedgerEntry(uid, "ml", "late", Allocation("nv-node", (GpuGrant(5, "GPU-h100-0005", True),)), 1.0)
+    old = LedgerEntry(uid, "ml", "late", Allocation("nv-node", (GpuGrant(5, "GPU-hgx-h100-5", True),)), 1.0)
     cluster.write_ledger(cluster.read_ledger("nv-node").with_entry(old))
     cached = service.store.snapshot().ledger("nv-node")  # the binding replica's view: entry present
     assert other.binder.release("nv-node", uid, expected=old)

@@ -14,8 +14,7 @@ import pytest
 from extender.service import ExtenderService
 from extender.serving.verbs import verb_routes
 from extender.serving.verbs_server import VerbsServer
-
-from .conftest import filter_args, gpu_pod
+from tests.support.pods import filter_args, pod_manifest
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -158,7 +157,7 @@ def test_the_verbs_answer_what_the_service_answers(service: ExtenderService) -> 
     running.start()
     try:
         conn = http.client.HTTPConnection("127.0.0.1", running.port, timeout=5)
-        body = filter_args(gpu_pod(gpus=1), ["nv-node"])
+        body = filter_args(pod_manifest(gpus=1), ["nv-node"])
         status, answer = _post(conn, "/filter", json.dumps(body).encode())
         assert status == 200 and answer == service.filter(body)
         status, answer = _post(conn, "/bind", b"{not json")

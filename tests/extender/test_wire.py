@@ -15,6 +15,7 @@ from extender.wire import (
 )
 
 # Shapes as kube-scheduler v1.36 sends them with nodeCacheCapable: true (see control-plane notes).
+# They are golden payloads: the resource names in them stay literal, as the text on the wire.
 GOLDEN_FILTER_ARGS = {
     "Pod": {
         "metadata": {"name": "train-0", "namespace": "ml", "uid": "5f1c0e2a-1111-4c1e-9e55-0d2b4a7f0001"},

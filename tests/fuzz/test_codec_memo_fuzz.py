@@ -46,7 +46,7 @@ def test_damaged_specs_of_a_warm_shape_get_the_full_decodes_answer(
     codec_memo.forget()
     for node in (1, 2):
         codec_memo.decode_with_hash(_spec(topology, node))
-    assert codec_memo._templates, "the shape should have a template"
+    assert codec_memo.memo_size().templates, "the shape should have a template"
     mutation = data.draw(mutations(_spec(topology, 3), root=False))
     try:
         assert _outcome(codec_memo.decode_with_hash, mutation.doc) == _outcome(decode_with_hash, mutation.doc)

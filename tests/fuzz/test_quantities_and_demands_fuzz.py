@@ -29,6 +29,7 @@ from tests.fuzz.contract_support import (
 )
 from tests.fuzz.corpus_support import expectation, read_json, read_text, replay_params
 from tests.fuzz.fuzz_settings import fuzz
+from tests.support.resources import GPU, MEMORY, SHARED
 
 _DECIMAL = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -120,7 +121,7 @@ def test_quantity_corpus_entry(path: Path) -> None:
 
 # ---------------------------------------------------------------------- pod demands
 
-_RESOURCES = ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/gpu.memory", "cpu", "memory"]
+_RESOURCES = [GPU, SHARED, MEMORY, "cpu", "memory"]
 _amounts = st.integers(0, 10**6).map(str) | st.sampled_from(["1k", "2Ki", "1e3", "0", "3"])
 
 

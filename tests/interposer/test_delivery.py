@@ -47,11 +47,14 @@ from node_agent.metrics import AgentMetrics
 from node_agent.sharing.interposer_delivery import install_interposer, interposer_installed, load_problem
 from node_agent.sources.nvml_simulated import SimulatedNvml
 from tests.interposer.conftest import Build
-from tests.node_agent.builders import SHARED_GPU, WHOLE_GPU, inventory, pod, share, uuid, whole
 from tests.node_agent.fake_kubelet import plugin_stub
-from tests.node_agent.machines import FakeClock, FakeNodeApi, machine, topo_text
+from tests.node_agent.fakes import FakeClock, FakeNodeApi
 from tests.node_agent.test_shim import fakes
 from tests.node_agent.test_shim import run as shim_run
+from tests.support.device_plugin import bound_pod, inventory, share, uuid, whole
+from tests.support.machines import catalog_machine, topo_text
+from tests.support.resources import GPU as WHOLE_GPU
+from tests.support.resources import SHARED as SHARED_GPU
 
 MIB = 1 << 20
 CAP_MIB = 1024
@@ -84,14 +87,14 @@ def node(build: Build, tmp_path: Path) -> Iterator[Node]:
     )
     store = InMemoryPodRecords(
         [
-            pod(
+            bound_pod(
                 "held",
                 share(1, CAP_MIB, UNITS),
                 bound_at=1,
                 enforcement=Enforcement.INTERPOSER,
                 priority=ComputePriority.HIGH,
             ),
-            pod("pair", whole(2, 3), bound_at=2),
+            bound_pod("pair", whole(2, 3), bound_at=2),
         ]
     )
     plugin_dir = Path(tempfile.mkdtemp(prefix="lp-dl-", dir="/tmp"))  # socket paths must stay short
@@ -327,7 +330,7 @@ def simulated_agent(config: AgentConfig, cluster: FakeNodeApi) -> Agent:
     text = topo_text("hgx-h100")
     return Agent(
         config,
-        SimulatedNvml(machine("hgx-h100"), node_name="n1"),
+        SimulatedNvml(catalog_machine("hgx-h100"), node_name="n1"),
         cluster,
         AgentMetrics(),
         lambda: text,

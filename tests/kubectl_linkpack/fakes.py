@@ -13,7 +13,6 @@ from contract.allocation import Allocation, Enforcement, encode_allocation
 from contract.gpu_topology import GpuHealthEntry, TopologyStatus, encode_status, topology_object
 from contract.keys import (
     ALLOCATION_ANNOTATION,
-    CORDON_ANNOTATION,
     DEFAULT_NAMESPACE,
     LEDGER_LABEL,
     ledger_name,
@@ -22,12 +21,15 @@ from contract.ledger import Ledger, LedgerEntry, encode_ledger
 from kubectl_linkpack import cli
 from kubectl_linkpack.cluster_reader import ClusterReader, ExtenderReply
 from kubectl_linkpack.errors import PluginError
-from topology.catalog import load_machine
+from tests.support.machines import dgx_a100
+from tests.support.nodes import node_object
+from tests.support.pods import pod_manifest
+from tests.support.resources import GPU, SHARED
 from topology.model import NodeTopology
 from topology.scheduling import GpuGrant
 
 NOW = dt.datetime(2025, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
-TOPOLOGY = load_machine("dgx-a100")
+TOPOLOGY = dgx_a100()
 UUIDS = [g.uuid for g in TOPOLOGY.gpus]
 XID = "XID 79: fallen off the bus"
 
@@ -56,23 +58,11 @@ def gpu_topology(
     return {**topology_object(name, topology), "status": encode_status(status)}
 
 
-def node_object(name: str, cordons: str | None = None, unschedulable: bool = False) -> dict[str, Any]:
-    """A Node object with the operator's cordon annotation and `spec.unschedulable`."""
-    annotations = {CORDON_ANNOTATION: cordons} if cordons is not None else {}
-    spec = {"unschedulable": True} if unschedulable else {}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": spec,
-    }
-
-
 def allocation(
     grants: tuple[GpuGrant, ...], enforcement: Enforcement = Enforcement.NONE, node: str = NODE
 ) -> Allocation:
     whole = sum(1 for g in grants if g.whole)
-    resources = (("nvidia.com/gpu", whole),) if whole else (("nvidia.com/gpu.shared", grants[0].units),)
+    resources = ((GPU, whole),) if whole else ((SHARED, grants[0].units),)
     return Allocation(node, grants, 1, enforcement, resources)
 
 
@@ -110,12 +100,11 @@ def ledger_object(ledger: Ledger) -> dict[str, Any]:
 def pod_object(
     name: str, uid: str, node: str, annotation: str | None, phase: str = "Running", namespace: str = "ml"
 ) -> dict[str, Any]:
+    """A pod on `node` ("" pending) with the allocation annotation's text (None: none)."""
     annotations = {ALLOCATION_ANNOTATION: annotation} if annotation is not None else {}
-    return {
-        "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations},
-        "spec": {"nodeName": node} if node else {},
-        "status": {"phase": phase},
-    }
+    return pod_manifest(
+        name, namespace=namespace, uid=uid, annotations=annotations, node=node or None, phase=phase
+    )
 
 
 def default_topologies() -> dict[str, dict[str, Any]]:

@@ -12,6 +12,7 @@ from kubectl_linkpack.cli import split_pod
 from kubectl_linkpack.cluster_reader import ExtenderReply
 from kubectl_linkpack.errors import PluginError
 from kubectl_linkpack.explain_view import decode_explanation, format_explain
+from tests.support.resources import GPU, mig_resource
 
 from .fakes import FakeReader, run_cli
 
@@ -44,7 +45,7 @@ def bound_doc() -> dict[str, Any]:
             "gpus": 2,
             "nearNic": "",
             "policy": policy,
-            "resources": {"nvidia.com/gpu": 2},
+            "resources": {GPU: 2},
         },
         "lastDecisionAt": "2025-03-01T11:59:00Z",
         "filter": {
@@ -63,7 +64,7 @@ def bound_doc() -> dict[str, Any]:
             "grants": grants,
             "enforcement": "none",
             "generation": 1,
-            "resources": {"nvidia.com/gpu": 2},
+            "resources": {GPU: 2},
             "reservedAt": "2025-03-01T11:59:01Z",
         },
         "bindError": "",
@@ -179,11 +180,11 @@ def test_share_mig_and_invalid_requests_are_described() -> None:
     assert "(10240Mi/25u, enforcement none" in text
     mig = {**bound_doc(), "request": {"kind": "mig", "profile": "1g.10gb"}}
     mig["bound"]["grants"] = [_grant(3, False, mig="MIG-1")]
-    mig["bound"]["resources"] = {"nvidia.com/mig-1g.10gb": 1}
+    mig["bound"]["resources"] = {mig_resource("1g.10gb"): 1}
     text = format_explain(decode_explanation(mig), names)
     assert "Request: MIG slice 1g.10gb" in text and "(MIG 1g.10gb, enforcement" in text
-    invalid = {**bound_doc(), "request": {"error": "nvidia.com/gpu='1.5' is not a whole number"}}
-    assert "Request: invalid: nvidia.com/gpu='1.5' is not a whole number" in format_explain(
+    invalid = {**bound_doc(), "request": {"error": f"{GPU}='1.5' is not a whole number"}}
+    assert f"Request: invalid: {GPU}='1.5' is not a whole number" in format_explain(
         decode_explanation(invalid), names
     )
 

@@ -9,19 +9,11 @@ from typing import Any
 import pytest
 
 from kubectl_linkpack.cli import run
+from tests.support.pods import pod_manifest
 
 from .fakes import FakeReader
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def gpu_pod(name: str, namespace: str, policy: str | None = None) -> dict[str, Any]:
-    annotations = {"linkpack.io/policy": policy} if policy else {}
-    return {
-        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "annotations": annotations},
-        "spec": {"containers": [{"name": "m", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
-        "status": {"phase": "Pending"},
-    }
 
 
 def policy(name: str, **spec: Any) -> dict[str, Any]:
@@ -40,14 +32,12 @@ def test_policies_list_their_rules_and_the_pods_they_decide_for() -> None:
     reader.namespace_objects = {
         "research": {"metadata": {"name": "research", "labels": {"linkpack.io/policy": "fabric"}}}
     }
-    cpu = gpu_pod("cpu", "ml")
-    cpu["spec"]["containers"][0]["resources"] = {}
     reader.pod_objects = [
-        gpu_pod("a", "ml"),
-        gpu_pod("b", "research"),
-        gpu_pod("c", "ml", policy="broken"),
-        gpu_pod("d", "ml", policy="binpack"),
-        cpu,
+        pod_manifest("a", uid="uid-a", gpus=1),
+        pod_manifest("b", namespace="research", uid="uid-b", gpus=1),
+        pod_manifest("c", uid="uid-c", gpus=1, policy="broken"),
+        pod_manifest("d", uid="uid-d", gpus=1, policy="binpack"),
+        pod_manifest("cpu", uid="uid-cpu"),
     ]
     out = io.StringIO()
     args = argparse.Namespace(command="policies", units_per_gpu=None)
@@ -69,7 +59,7 @@ def test_policies_say_whether_they_decide_the_node() -> None:
         "decides": policy("decides"),
         "mixes": policy("mixes", decideNode=False),
     }
-    reader.pod_objects = [gpu_pod("a", "ml", policy="binpack")]
+    reader.pod_objects = [pod_manifest("a", uid="uid-a", gpus=1, policy="binpack")]
     out = io.StringIO()
     assert run(argparse.Namespace(command="policies", units_per_gpu=None), reader, out) == 0
     header, *lines = out.getvalue().splitlines()

@@ -17,6 +17,7 @@ from kubectl_linkpack.snapshot import (
     parse_time,
     pod_allocations,
 )
+from tests.support.nodes import node_object
 
 from .fakes import (
     BAD,
@@ -39,7 +40,6 @@ from .fakes import (
     default_nodes,
     default_pods,
     default_topologies,
-    node_object,
 )
 
 

@@ -10,6 +10,7 @@ from contract.gpu_topology import decode_gpu_topology
 from contract.ledger import Ledger, LedgerEntry
 from contract.node_state import build_node_state
 from kubectl_linkpack.errors import PluginError
+from tests.support.nodes import node_object
 from topology.gpu_status import GPU_STATUSES, gpu_status
 from topology.scheduling import GpuGrant
 
@@ -26,7 +27,6 @@ from .fakes import (
     allocation,
     gpu_topology,
     ledger_object,
-    node_object,
     row_of,
     run_cli,
 )

@@ -34,21 +34,20 @@ from node_agent.deviceplugin.server import (
     start_device_plugins,
 )
 from tests.node.real_node import node_lock
-from tests.node_agent.builders import (
+from tests.support.device_plugin import (
     MIG_GPU,
-    SHARED_GPU,
-    WHOLE_GPU,
     app,
+    bound_pod,
     init,
     inventory,
     mig,
     mig_uuid,
-    pod,
     share,
     sidecar,
     uuid,
     whole,
 )
+from tests.support.resources import GPU, SHARED
 
 from .harness_process import (
     CHECKPOINT,
@@ -170,7 +169,7 @@ def _node(binary: Path, tmp_path: Path) -> Iterator[Node]:
         shutil.rmtree(short, ignore_errors=True)
 
 
-FULL = {WHOLE_GPU: 3, SHARED_GPU: 3 * UNITS, MIG: 2}
+FULL = {GPU: 3, SHARED: 3 * UNITS, MIG: 2}
 
 
 def test_plugins_register_and_the_kubelet_sees_every_resource(node: Node) -> None:
@@ -191,13 +190,13 @@ def test_preferred_allocation_is_asked_with_unsorted_ids_and_honoured(node: Node
         return preferred(resource, available, must_include, size)
 
     node.broker.preferred = recording  # type: ignore[method-assign]
-    answer = node.admit(pod("train", whole(2, 0), bound_at=1))
+    answer = node.admit(bound_pod("train", whole(2, 0), bound_at=1))
     assert answer["ok"], answer
     ((resource, available, size),) = asked
-    assert (resource, size) == (WHOLE_GPU, 2)
+    assert (resource, size) == (GPU, 2)
     assert sorted(available) == [uuid(0), uuid(1), uuid(2)]
     (container,) = answer["containers"]
-    assert container["devices"] == {WHOLE_GPU: [uuid(0), uuid(2)]}  # the kubelet took our choice
+    assert container["devices"] == {GPU: [uuid(0), uuid(2)]}  # the kubelet took our choice
     assert container["envs"]["NVIDIA_VISIBLE_DEVICES"] == f"{uuid(0)},{uuid(2)}"
     assert container["envs"]["LINKPACK_ENFORCEMENT"] == "none"
     assert container["mounts"] == []
@@ -207,10 +206,10 @@ def test_preferred_allocation_is_asked_with_unsorted_ids_and_honoured(node: Node
 def test_a_share_container_gets_the_records_caps_and_the_shim(node: Node) -> None:
     """A cooperative share container gets the record's caps and the shim mount, and no MPS variables."""
     node.wait_for(FULL)
-    answer = node.admit(pod("infer", share(1, 20480, 2), bound_at=1))
+    answer = node.admit(bound_pod("infer", share(1, 20480, 2), bound_at=1))
     assert answer["ok"], answer
     (container,) = answer["containers"]
-    assert [d.split("::")[0] for d in container["devices"][SHARED_GPU]] == [uuid(1)] * 2
+    assert [d.split("::")[0] for d in container["devices"][SHARED]] == [uuid(1)] * 2
     envs = container["envs"]
     assert envs["NVIDIA_VISIBLE_DEVICES"] == uuid(1)
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in envs  # the record says cooperative, not MPS
@@ -225,16 +224,16 @@ def test_a_share_container_gets_the_records_caps_and_the_shim(node: Node) -> Non
 def test_mig_and_multi_container_pods_get_what_their_records_say(node: Node) -> None:
     """MIG and multi-container pods get exactly the devices their records say, as the kubelet accounts them."""
     node.wait_for(FULL)
-    answer = node.admit(pod("slice", mig(3, 1), bound_at=1))
+    answer = node.admit(bound_pod("slice", mig(3, 1), bound_at=1))
     assert answer["ok"], answer
     assert answer["containers"][0]["envs"]["NVIDIA_VISIBLE_DEVICES"] == mig_uuid(3, 1)
     assert answer["containers"][0]["devices"] == {MIG: [mig_uuid(3, 1)]}
 
-    containers = (init("prepare", WHOLE_GPU, 2), app("left", WHOLE_GPU, 1), app("right", WHOLE_GPU, 1))
-    answer = node.admit(pod("pair", whole(1, 2), containers, bound_at=2))
+    containers = (init("prepare", GPU, 2), app("left", GPU, 1), app("right", GPU, 1))
+    answer = node.admit(bound_pod("pair", whole(1, 2), containers, bound_at=2))
     assert answer["ok"], answer
     envs = {c["name"]: c["envs"]["NVIDIA_VISIBLE_DEVICES"] for c in answer["containers"]}
-    kubelet = {c["name"]: ",".join(c["devices"][WHOLE_GPU]) for c in answer["containers"]}
+    kubelet = {c["name"]: ",".join(c["devices"][GPU]) for c in answer["containers"]}
     # the kubelet hands the init container's GPUs on in no set order; each app container gets
     # the one the kubelet accounts to it, and together they get exactly the record's two
     assert envs == kubelet
@@ -245,7 +244,7 @@ def test_mig_and_multi_container_pods_get_what_their_records_say(node: Node) -> 
 def test_a_pod_without_a_record_is_refused_admission(node: Node) -> None:
     """A pod without a record is refused admission with the reason."""
     node.wait_for(FULL)
-    stranger = BoundPod(pod("x", None, (app("main", WHOLE_GPU, 1),)).ref, 0.0, (app("main", WHOLE_GPU, 1),))
+    stranger = BoundPod(bound_pod("x", None, (app("main", GPU, 1),)).ref, 0.0, (app("main", GPU, 1),))
     answer = node.admit(stranger)
     assert not answer["ok"] and "no Linkpack allocation record" in answer["error"]
 
@@ -254,7 +253,7 @@ def test_an_unhealthy_gpu_reduces_allocatable_and_recovers(node: Node) -> None:
     """An unhealthy GPU lowers allocatable (with its MIG instances) until it recovers."""
     node.wait_for(FULL)
     node.plugins.set_unhealthy({uuid(0), mig_uuid(3, 0)})
-    answer = node.wait_for({WHOLE_GPU: 2, SHARED_GPU: 2 * UNITS, MIG: 1})
+    answer = node.wait_for({GPU: 2, SHARED: 2 * UNITS, MIG: 1})
     assert {k: answer["capacity"][k] for k in FULL} == FULL  # capacity stays, allocatable drops
     node.plugins.set_unhealthy(())
     node.wait_for(FULL)
@@ -267,7 +266,7 @@ def test_after_a_kubelet_restart_the_plugins_register_again(node: Node) -> None:
     assert node.kubelet.send("restart")["ok"]  # a new manager: every socket removed, kubelet.sock recreated
     node.wait_for(FULL, timeout_s=30)
     assert node.plugins.registrations >= before + len(FULL)
-    answer = node.admit(pod("after", whole(1), bound_at=5))
+    answer = node.admit(bound_pod("after", whole(1), bound_at=5))
     assert answer["ok"], answer
     assert answer["containers"][0]["envs"]["NVIDIA_VISIBLE_DEVICES"] == uuid(1)
 
@@ -275,7 +274,7 @@ def test_after_a_kubelet_restart_the_plugins_register_again(node: Node) -> None:
 def test_pods_admitted_out_of_bind_order_end_with_records_matching_their_gpus(node: Node) -> None:
     """Pods admitted out of bind order end with records matching the GPUs the kubelet gave them."""
     node.wait_for(FULL)
-    first, second = pod("first", whole(0), bound_at=1), pod("second", whole(1), bound_at=2)
+    first, second = bound_pod("first", whole(0), bound_at=1), bound_pod("second", whole(1), bound_at=2)
     node.store.put(first)
     # the kubelet admits the younger pod first: our guess (oldest bind) gives it first's GPU 0
     answer = node.admit(second)
@@ -284,7 +283,7 @@ def test_pods_admitted_out_of_bind_order_end_with_records_matching_their_gpus(no
 
     assignments = KubeletPodResources(str(node.pod_resources), node.broker.inventory.serves).list()
     assert [(a.pod, a.container, a.resource, a.device_ids) for a in assignments] == [
-        ("second", "main", WHOLE_GPU, (uuid(0),))
+        ("second", "main", GPU, (uuid(0),))
     ]
     node.plugins.reconcile_now()  # the kubelet's account shows the swap; both records are rewritten
     assert node.broker.counters.swaps == 1
@@ -302,11 +301,11 @@ def test_pods_admitted_out_of_bind_order_end_with_records_matching_their_gpus(no
 def test_a_sidecar_keeps_its_gpu_beside_the_app_container(node: Node) -> None:
     """The kubelet gives a 1-GPU sidecar and a 1-GPU app container one GPU each, and so does the record."""
     node.wait_for(FULL)
-    pair = pod("pair", whole(0, 1), (sidecar("proxy", WHOLE_GPU, 1), app("main", WHOLE_GPU, 1)), bound_at=1)
+    pair = bound_pod("pair", whole(0, 1), (sidecar("proxy", GPU, 1), app("main", GPU, 1)), bound_at=1)
     answer = node.admit(pair)
     assert answer["ok"], answer
     envs = {c["name"]: c["envs"]["NVIDIA_VISIBLE_DEVICES"] for c in answer["containers"]}
-    kubelet = {c["name"]: ",".join(c["devices"][WHOLE_GPU]) for c in answer["containers"]}
+    kubelet = {c["name"]: ",".join(c["devices"][GPU]) for c in answer["containers"]}
     assert envs == kubelet and {envs["proxy"], envs["main"]} == {uuid(0), uuid(1)}
     assert node.broker.counters.id_mismatches == 0
 
@@ -315,13 +314,13 @@ def test_a_plain_init_container_after_a_sidecar_runs_beside_it(node: Node) -> No
     """A 1-GPU sidecar before a 2-GPU init container takes 3 GPUs in the kubelet too, the init container none of the sidecar's."""
     node.wait_for(FULL)
     containers = (
-        sidecar("proxy", WHOLE_GPU, 1),
-        init("warm", WHOLE_GPU, 2),
+        sidecar("proxy", GPU, 1),
+        init("warm", GPU, 2),
         ContainerDemand("main", ContainerRole.APP, ()),
     )
-    answer = node.admit(pod("warmup", whole(0, 1, 2), containers, bound_at=1))
+    answer = node.admit(bound_pod("warmup", whole(0, 1, 2), containers, bound_at=1))
     assert answer["ok"], answer
-    devices = {c["name"]: set(c["devices"].get(WHOLE_GPU, [])) for c in answer["containers"]}
+    devices = {c["name"]: set(c["devices"].get(GPU, [])) for c in answer["containers"]}
     visible = {c["name"]: c["envs"].get("NVIDIA_VISIBLE_DEVICES", "") for c in answer["containers"]}
     assert visible["proxy"] == ",".join(sorted(devices["proxy"]))
     assert set(visible["warm"].split(",")) == devices["warm"]
@@ -342,7 +341,7 @@ def test_an_interposer_share_container_gets_the_preload_and_its_mounts_through_t
         interposer_host_dir=str(library_dir),
         gpu_state_dir="/var/lib/linkpack/gpu-state",
     )
-    held = pod(
+    held = bound_pod(
         "held",
         share(2, 4096, 1),
         bound_at=1,

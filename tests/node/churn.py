@@ -39,11 +39,12 @@ from tests.cluster.controlplane import wait_for
 from tests.node.checks import double_counted, kubelet_gpus, mig_double_held, recorded_devices, visible_gpus
 from tests.node.linkpack_stack import MIG_GPU, MIG_RESOURCE, LinkpackStack, env_of, recorded
 from tests.node.real_node import host_pod, stop_signal_safe
+from tests.support.resources import GPU, NAMES, SHARED
 
 KINDS: tuple[tuple[str, dict[str, str]], ...] = (
-    ("gpu1", {"nvidia.com/gpu": "1"}),
-    ("gpu2", {"nvidia.com/gpu": "2"}),
-    ("share", {"nvidia.com/gpu.shared": "25"}),
+    ("gpu1", {GPU: "1"}),
+    ("gpu2", {GPU: "2"}),
+    ("share", {SHARED: "25"}),
     ("mig", {MIG_RESOURCE: "1"}),
 )
 CORDONED_GPU = 5
@@ -171,7 +172,7 @@ def _check(
     except OSError:
         return  # the kubelet is restarting
     ours = [a for a in account if a.namespace == namespace]
-    doubles = double_counted(ours, "nvidia.com/gpu") | mig_double_held(ours, "nvidia.com/mig-")
+    doubles = double_counted(ours, GPU) | mig_double_held(ours, NAMES.mig_prefix)
     if doubles:
         report.double_holds += 1
         if len(report.double_hold_examples) < 5:

@@ -33,12 +33,13 @@ from tests.cluster.controlplane import REPO_ROOT, ControlPlane, free_port, tail,
 from tests.cluster.linkpack_env import ExtenderProcess, extender_tls, scheduler_config
 from tests.cluster.procs import die_with_parent
 from tests.node.real_node import DEVICE_PLUGIN_DIR, RealNode
+from tests.support.resources import GPU, mig_resource
 
 MACHINE = "dgx-a100"
 MIG_GPU = 7
 MIG_PROFILE = "1g.5gb"
 MIG_INSTANCES = 7
-MIG_RESOURCE = f"nvidia.com/mig-{MIG_PROFILE}"
+MIG_RESOURCE = mig_resource(MIG_PROFILE)
 MIG_LAYOUT = f"{MIG_GPU}={MIG_PROFILE}*{MIG_INSTANCES}"
 WHOLE_GPUS = 7  # the machine's 8 GPUs but the MIG one
 
@@ -143,9 +144,9 @@ class LinkpackStack:
         core = client.CoreV1Api(self.cp.api_client())
 
         if self.agent.mig_layout:
-            want = {"nvidia.com/gpu": WHOLE_GPUS, MIG_RESOURCE: MIG_INSTANCES}
+            want = {GPU: WHOLE_GPUS, MIG_RESOURCE: MIG_INSTANCES}
         else:  # every GPU whole
-            want = {"nvidia.com/gpu": WHOLE_GPUS + 1}
+            want = {GPU: WHOLE_GPUS + 1}
 
         def advertised() -> bool:
             capacity = core.read_node(self.node.node).status.capacity or {}

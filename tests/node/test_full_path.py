@@ -23,6 +23,7 @@ from tests.node.linkpack_stack import (
     wait_pod_phase,
 )
 from tests.node.real_node import RealNode, host_pod, stop_signal_safe
+from tests.support.resources import GPU, NAMES, SHARED
 
 pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.timeout(600)]
 
@@ -59,9 +60,9 @@ def test_whole_share_and_mig_pods_see_exactly_their_recorded_gpus(
     counted for a second pod."""
     core = client.CoreV1Api(stack.cp.api_client())
     pods = {
-        "four": {"nvidia.com/gpu": "4"},
-        "two": {"nvidia.com/gpu": "2"},
-        "share": {"nvidia.com/gpu.shared": "25"},
+        "four": {GPU: "4"},
+        "two": {GPU: "2"},
+        "share": {SHARED: "25"},
         "mig": {MIG_RESOURCE: "1"},
     }
     for name, limits in pods.items():
@@ -80,8 +81,8 @@ def test_whole_share_and_mig_pods_see_exactly_their_recorded_gpus(
         env = _printed_env(stack, core, namespace, name)
         assert visible_gpus(env) == want, (name, env)
         assert kubelet_gpus(account, namespace, name) == want, (name, account)
-    assert double_counted(account, "nvidia.com/gpu") == {}
-    assert mig_double_held(account, "nvidia.com/mig-") == {}
+    assert double_counted(account, GPU) == {}
+    assert mig_double_held(account, NAMES.mig_prefix) == {}
     mig_record = recorded(core.read_namespaced_pod("mig", namespace))
     assert mig_record is not None
     assert [(g.index, g.mig_uuid.startswith("MIG-")) for g in mig_record.grants] == [(MIG_GPU, True)]

@@ -45,6 +45,7 @@ from tests.image.conftest import ensure_build_prerequisites
 from tests.node.checks import visible_gpus
 from tests.node.linkpack_stack import MACHINE, env_of, recorded, wait_pod_phase
 from tests.node.real_node import NOT_READY_TOLERATION, POD_LOGS, RealNode, host_pod, stop_signal_safe
+from tests.support.resources import GPU, SHARED
 from topology.catalog import SHARED_ENV, topo_dir
 
 pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.image, pytest.mark.timeout(600)]
@@ -272,7 +273,7 @@ def test_shipped_agent_and_extender_pods_schedule_gpu_pods(real_node: RealNode, 
         )
         assert len(topology["spec"]["gpus"]) == 8, topology["spec"]
         wait_for(
-            lambda: str((core.read_node(node.node).status.capacity or {}).get("nvidia.com/gpu")) == "8",
+            lambda: str((core.read_node(node.node).status.capacity or {}).get(GPU)) == "8",
             60,
             "the kubelet to advertise the agent pod's 8 GPUs",
             on_timeout=lambda: _pod_log(node, core, agent_name, "node-agent") + node.kubelet_log(),
@@ -288,7 +289,7 @@ def test_shipped_agent_and_extender_pods_schedule_gpu_pods(real_node: RealNode, 
         cp.start_scheduler(scheduler_config(cp, f"https://127.0.0.1:{VERBS_PORT}", tls))
         stack.callback(cp.stop_scheduler)
         namespace = stack.enter_context(temporary_namespace(api, prefix="shipped-"))
-        pods = {"two": {"nvidia.com/gpu": "2"}, "share": {"nvidia.com/gpu.shared": "25"}}
+        pods = {"two": {GPU: "2"}, "share": {SHARED: "25"}}
         for name, limits in pods.items():
             core.create_namespaced_pod(
                 namespace, host_pod(name, stop_signal_safe("env; sleep 300 & wait"), limits=limits)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 
-from node_agent.deviceplugin._generated import deviceplugin_pb2 as api
+from node_agent.deviceplugin._generated import deviceplugin_pb2 as api  # the kubelet's messages
 from node_agent.deviceplugin._generated import deviceplugin_pb2_grpc as api_grpc
 from node_agent.deviceplugin.server import PluginConfig
 

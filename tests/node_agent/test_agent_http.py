@@ -13,11 +13,12 @@ from node_agent.loop.agent_http import serve_http
 from node_agent.loop.agent_loop import Agent
 from node_agent.metrics import AgentMetrics
 from node_agent.sources.nvml_simulated import SimulatedNvml
-from tests.node_agent.machines import FakeClock, FakeNodeApi, machine, topo_text
+from tests.node_agent.fakes import FakeClock, FakeNodeApi
+from tests.support.machines import catalog_machine, topo_text
 
 
 def _agent(tmp_path) -> tuple[Agent, SimulatedNvml]:
-    sim = SimulatedNvml(machine("hgx-h100"), node_name="n1")
+    sim = SimulatedNvml(catalog_machine("hgx-h100"), node_name="n1")
     text = topo_text("hgx-h100")
     config = AgentConfig(node_name="n1", proc_root=tmp_path)
     return Agent(config, sim, FakeNodeApi(), AgentMetrics(), lambda: text, FakeClock()), sim

@@ -16,7 +16,8 @@ from node_agent.loop.agent_loop import Agent
 from node_agent.metrics import AgentMetrics
 from node_agent.sources.nvml_reader import XidEvent
 from node_agent.sources.nvml_simulated import SimulatedNvml
-from tests.node_agent.machines import FakeClock, FakeNodeApi, machine, topo_text
+from tests.node_agent.fakes import FakeClock, FakeNodeApi
+from tests.support.machines import catalog_machine, topo_text
 from topology.scheduling import GpuGrant
 
 MIB = 1024 * 1024
@@ -24,7 +25,7 @@ MIB = 1024 * 1024
 
 def _agent(tmp_path, name="hgx-h100", **overrides):
     config = AgentConfig(node_name="n1", recheck_after_s=60, proc_root=tmp_path, **overrides)
-    sim = SimulatedNvml(machine(name), node_name="n1")
+    sim = SimulatedNvml(catalog_machine(name), node_name="n1")
     cluster, clock = FakeNodeApi(), FakeClock()
     text = topo_text(name)
     agent = Agent(config, sim, cluster, AgentMetrics(), lambda: text, clock)
@@ -252,7 +253,7 @@ def test_rediscovery_keeps_the_old_view_when_nvml_goes_missing(tmp_path):
 def test_without_a_cluster_the_agent_still_tracks_health(tmp_path):
     """Without an API the agent still tracks GPU health and polls."""
     config = AgentConfig(node_name="n1", proc_root=tmp_path)
-    sim = SimulatedNvml(machine("dgx1-v100"))
+    sim = SimulatedNvml(catalog_machine("dgx1-v100"))
     agent = Agent(config, sim, None, AgentMetrics())
     sim.inject_xid(0, 74)
     agent.handle_event(_next_event(sim))

@@ -18,8 +18,7 @@ from node_agent.deviceplugin.container_spec import (
     container_spec,
     memory_fraction,
 )
-
-from .builders import GPU_MEMORY_MIB, inventory, mig, mig_uuid, share, uuid, whole
+from tests.support.device_plugin import GPU_MEMORY_MIB, inventory, mig, mig_uuid, share, uuid, whole
 
 SHIM = SharingConfig(shim_host_dir="/opt/linkpack-host/shim")
 MPS = SharingConfig(mps_pipe_dir="/run/nvidia/mps/pipe")

@@ -15,15 +15,16 @@ import grpc
 import pytest
 
 from contract.allocation import ComputePriority, Enforcement
-from node_agent.deviceplugin._generated import deviceplugin_pb2 as api
+from node_agent.deviceplugin._generated import deviceplugin_pb2 as api  # the kubelet's messages
 from node_agent.deviceplugin._generated import deviceplugin_pb2_grpc as api_grpc
 from node_agent.deviceplugin.broker import AllocationBroker
 from node_agent.deviceplugin.container_spec import SharingConfig
 from node_agent.deviceplugin.inventory import share_unit_id
 from node_agent.deviceplugin.record_store import InMemoryPodRecords
 from node_agent.deviceplugin.server import DevicePlugins, PluginConfig, start_device_plugins
+from tests.support.device_plugin import MIG_GPU, bound_pod, inventory, mig, mig_uuid, share, uuid, whole
+from tests.support.resources import GPU, SHARED
 
-from .builders import MIG_GPU, SHARED_GPU, WHOLE_GPU, inventory, mig, mig_uuid, pod, share, uuid, whole
 from .fake_kubelet import FakeKubelet, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -34,7 +35,7 @@ INTERPOSER = Enforcement.INTERPOSER
 @pytest.fixture
 def store() -> InMemoryPodRecords:
     return InMemoryPodRecords(
-        [pod("train", whole(2, 3), bound_at=1), pod("infer", share(1, 20480, 1), bound_at=2)]
+        [bound_pod("train", whole(2, 3), bound_at=1), bound_pod("infer", share(1, 20480, 1), bound_at=2)]
     )
 
 
@@ -61,8 +62,8 @@ def test_each_resource_registers_with_version_endpoint_and_options(running, plug
     """Each resource registers with the API version, its own socket and the preferred-allocation option."""
     kubelet, _ = running
     by_resource = {r.resource_name: r for r in kubelet.registered}
-    assert set(by_resource) == {WHOLE_GPU, SHARED_GPU}
-    request = by_resource[WHOLE_GPU]
+    assert set(by_resource) == {GPU, SHARED}
+    request = by_resource[GPU]
     assert request.version == "v1beta1"
     assert request.endpoint == "linkpack-nvidia.com_gpu.sock" and "/" not in request.endpoint
     assert (plugin_dir / request.endpoint).is_socket()
@@ -73,7 +74,7 @@ def test_each_resource_registers_with_version_endpoint_and_options(running, plug
 def test_list_and_watch_streams_devices_and_health_changes(running, plugin_dir: Path) -> None:
     """ListAndWatch sends the devices and then every health change."""
     _, plugins = running
-    channel, client = stub(plugin_dir, SHARED_GPU)
+    channel, client = stub(plugin_dir, SHARED)
     with channel:
         stream = client.ListAndWatch(api.Empty(), timeout=10)
         first = next(stream)
@@ -90,7 +91,7 @@ def test_list_and_watch_streams_devices_and_health_changes(running, plugin_dir: 
 
 def test_preferred_allocation_and_allocate_follow_the_record(running, plugin_dir: Path, store) -> None:
     """GetPreferredAllocation and Allocate both follow the record, and the consumption is written back."""
-    channel, client = stub(plugin_dir, WHOLE_GPU)
+    channel, client = stub(plugin_dir, GPU)
     with channel:
         preferred = client.GetPreferredAllocation(
             api.PreferredAllocationRequest(
@@ -117,7 +118,7 @@ def test_preferred_allocation_and_allocate_follow_the_record(running, plugin_dir
 
 def test_a_share_gets_its_caps_and_the_shim_mount(running, plugin_dir: Path) -> None:
     """A cooperative share gets Linkpack's caps and the shim mount, without MPS variables."""
-    channel, client = stub(plugin_dir, SHARED_GPU)
+    channel, client = stub(plugin_dir, SHARED)
     with channel:
         answer = client.Allocate(
             api.AllocateRequest(
@@ -137,7 +138,7 @@ def test_a_share_gets_its_caps_and_the_shim_mount(running, plugin_dir: Path) -> 
 
 def test_a_request_no_record_fits_is_refused_with_a_reason(running, plugin_dir: Path) -> None:
     """An Allocate no record fits is refused with FAILED_PRECONDITION and a reason."""
-    channel, client = stub(plugin_dir, WHOLE_GPU)
+    channel, client = stub(plugin_dir, GPU)
     with channel, pytest.raises(grpc.RpcError) as refused:
         client.Allocate(
             api.AllocateRequest(container_requests=[api.ContainerAllocateRequest(devices_ids=[uuid(0)])]),
@@ -149,7 +150,7 @@ def test_a_request_no_record_fits_is_refused_with_a_reason(running, plugin_dir: 
 
 def test_pre_start_container_is_a_no_op(running, plugin_dir: Path) -> None:
     """PreStartContainer answers and does nothing."""
-    channel, client = stub(plugin_dir, WHOLE_GPU)
+    channel, client = stub(plugin_dir, GPU)
     with channel:
         assert (
             client.PreStartContainer(api.PreStartContainerRequest(devices_ids=[uuid(0)]), timeout=5)
@@ -164,11 +165,11 @@ def test_a_kubelet_restart_makes_the_plugins_recreate_their_sockets_and_register
     kubelet, plugins = running
     kubelet.restart()
     wait_until(lambda: len(kubelet.registered) == 4)
-    assert {r.resource_name for r in kubelet.registered[2:]} == {WHOLE_GPU, SHARED_GPU}
+    assert {r.resource_name for r in kubelet.registered[2:]} == {GPU, SHARED}
     wait_until(
         lambda: all((plugin_dir / PluginConfig().socket_name(r)).is_socket() for r in plugins.resources)
     )
-    channel, client = stub(plugin_dir, WHOLE_GPU)
+    channel, client = stub(plugin_dir, GPU)
     with channel:
         assert next(client.ListAndWatch(api.Empty(), timeout=5)).devices
 
@@ -193,8 +194,8 @@ def test_plugins_wait_for_the_kubelet_socket_to_appear(plugin_dir: Path, store) 
 def test_concurrent_allocates_over_grpc_hand_out_each_record_once(running, plugin_dir: Path, store) -> None:
     """Concurrent Allocate calls over gRPC hand out each record once."""
     for i in range(6):
-        store.put(pod(f"one{i}", whole(i % 2), bound_at=10 + i))
-    channel, client = stub(plugin_dir, WHOLE_GPU)
+        store.put(bound_pod(f"one{i}", whole(i % 2), bound_at=10 + i))
+    channel, client = stub(plugin_dir, GPU)
     outcomes: list[str] = []
     lock = threading.Lock()
 
@@ -238,10 +239,12 @@ def levels(plugin_dir: Path, tmp_path: Path) -> Iterator[tuple[DevicePlugins, Sh
     )
     store = InMemoryPodRecords(
         [
-            pod("held", share(1, 2048, 3), bound_at=1, enforcement=INTERPOSER, priority=ComputePriority.LOW),
-            pod("mps", share(2, 4096, 2), bound_at=2, enforcement=Enforcement.HARD_MPS),
-            pod("pair", whole(0, 1), bound_at=3),
-            pod("slice", mig(3, 0), bound_at=4),
+            bound_pod(
+                "held", share(1, 2048, 3), bound_at=1, enforcement=INTERPOSER, priority=ComputePriority.LOW
+            ),
+            bound_pod("mps", share(2, 4096, 2), bound_at=2, enforcement=Enforcement.HARD_MPS),
+            bound_pod("pair", whole(0, 1), bound_at=3),
+            bound_pod("slice", mig(3, 0), bound_at=4),
         ]
     )
     inv = inventory(4, units_per_gpu=4, mig_gpus=(3,))
@@ -271,7 +274,7 @@ def test_an_interposer_share_is_answered_with_the_preload_its_mount_and_its_caps
 ) -> None:
     """Allocate over gRPC answers an interposer share with LD_PRELOAD, the library's read-only mount, its caps, its priority and the shared state directory."""
     _, sharing = levels
-    container = allocate(plugin_dir, SHARED_GPU, [share_unit_id(uuid(1), k) for k in range(3)])
+    container = allocate(plugin_dir, SHARED, [share_unit_id(uuid(1), k) for k in range(3)])
     envs = dict(container.envs)
     assert envs["LINKPACK_ENFORCEMENT"] == "interposer" and "LINKPACK_ENFORCEMENT_FALLBACK" not in envs
     assert envs["LD_PRELOAD"] == "/opt/linkpack/interposer/liblinkpack_cuda.so"
@@ -292,7 +295,7 @@ def test_an_interposer_share_is_answered_with_the_preload_its_mount_and_its_caps
 def test_an_mps_share_is_answered_with_its_client_limits_and_no_preload(levels, plugin_dir: Path) -> None:
     """Allocate over gRPC answers a hard-MPS share with its pinned memory, thread percentage and pipe directory, and no LD_PRELOAD."""
     _, sharing = levels
-    container = allocate(plugin_dir, SHARED_GPU, [share_unit_id(uuid(2), k) for k in range(2)])
+    container = allocate(plugin_dir, SHARED, [share_unit_id(uuid(2), k) for k in range(2)])
     envs = dict(container.envs)
     assert envs["LINKPACK_ENFORCEMENT"] == "hard-mps"
     assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
@@ -305,7 +308,7 @@ def test_an_mps_share_is_answered_with_its_client_limits_and_no_preload(levels, 
 @pytest.mark.timeout(30)
 def test_whole_gpu_and_mig_containers_get_no_preload_no_mps_and_no_mounts(levels, plugin_dir: Path) -> None:
     """Allocate over gRPC answers whole-GPU and MIG containers with their devices only: no LD_PRELOAD, no MPS variable, no cap, no mount."""
-    for resource, ids in ((WHOLE_GPU, [uuid(0), uuid(1)]), (MIG_GPU, [mig_uuid(3, 0)])):
+    for resource, ids in ((GPU, [uuid(0), uuid(1)]), (MIG_GPU, [mig_uuid(3, 0)])):
         container = allocate(plugin_dir, resource, ids)
         envs = dict(container.envs)
         assert set(envs) == {"NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "LINKPACK_ENFORCEMENT"}, resource
@@ -321,7 +324,7 @@ def test_an_interposer_share_on_a_node_that_lost_the_library_falls_back_and_is_c
     plugins, sharing = levels
     assert sharing.interposer_host_dir is not None
     (Path(sharing.interposer_host_dir) / "liblinkpack_cuda.so").unlink()
-    container = allocate(plugin_dir, SHARED_GPU, [share_unit_id(uuid(1), k) for k in range(3)])
+    container = allocate(plugin_dir, SHARED, [share_unit_id(uuid(1), k) for k in range(3)])
     envs = dict(container.envs)
     assert envs["LINKPACK_ENFORCEMENT"] == "cooperative"
     assert "interposer library is not installed" in envs["LINKPACK_ENFORCEMENT_FALLBACK"]

@@ -14,9 +14,10 @@ from node_agent.deviceplugin.inventory import share_unit_id
 from node_agent.deviceplugin.reconcile import KubeletAssignment
 from node_agent.deviceplugin.record_store import InMemoryPodRecords
 from node_agent.deviceplugin.request_matching import AllocatorState, release_departed
+from tests.support.device_plugin import bound_pod, inventory, share, uuid, whole
+from tests.support.resources import GPU, SHARED
 from topology.scheduling import GpuGrant
 
-from .builders import SHARED_GPU, WHOLE_GPU, inventory, pod, share, uuid, whole
 from .test_allocator import Clock, visible
 
 
@@ -61,24 +62,24 @@ def broker_with_kubelet(*pods, gpus: int = 4):
 def test_a_deleted_pod_the_kubelet_no_longer_holds_frees_its_gpu_at_once() -> None:
     """No grace period: once the pod is gone from the API and from the kubelet's account, a new
     pod recorded on the same GPU is admitted right away."""
-    broker, store, kubelet, _ = broker_with_kubelet(pod("a", whole(0)))
-    broker.allocate(WHOLE_GPU, [uuid(0)])
-    kubelet.hold("a", WHOLE_GPU, uuid(0))
+    broker, store, kubelet, _ = broker_with_kubelet(bound_pod("a", whole(0)))
+    broker.allocate(GPU, [uuid(0)])
+    kubelet.hold("a", GPU, uuid(0))
     store.remove("uid-a")
-    store.put(pod("b", whole(0), bound_at=50))
+    store.put(bound_pod("b", whole(0), bound_at=50))
     broker.reconcile()  # the kubelet still holds a (terminating): nothing is released
     with pytest.raises(AllocationRefused):
-        broker.allocate(WHOLE_GPU, [uuid(0)])
+        broker.allocate(GPU, [uuid(0)])
     kubelet.forget("a")
-    assert visible(broker.allocate(WHOLE_GPU, [uuid(0)])) == [uuid(0)]  # refreshed before refusing
+    assert visible(broker.allocate(GPU, [uuid(0)])) == [uuid(0)]  # refreshed before refusing
 
 
 def test_a_pod_deleted_with_force_keeps_its_gpu_while_the_kubelet_still_lists_it() -> None:
     """`kubectl delete --force` removes the pod from the API while its containers still run: the
     hold stays as long as the kubelet accounts the device to it."""
-    broker, store, kubelet, clock = broker_with_kubelet(pod("a", whole(1)))
-    broker.allocate(WHOLE_GPU, [uuid(1)])
-    kubelet.hold("a", WHOLE_GPU, uuid(1))
+    broker, store, kubelet, clock = broker_with_kubelet(bound_pod("a", whole(1)))
+    broker.allocate(GPU, [uuid(1)])
+    kubelet.hold("a", GPU, uuid(1))
     store.remove("uid-a")
     clock.now += 3600
     broker.reconcile()
@@ -90,8 +91,8 @@ def test_a_pod_deleted_with_force_keeps_its_gpu_while_the_kubelet_still_lists_it
 
 def test_release_departed_without_the_kubelet_keeps_the_grace_period() -> None:
     """With no pod-resources account the old rule applies: missing for the grace period."""
-    broker, _store, _, clock = broker_with_kubelet(pod("a", whole(0)))
-    broker.allocate(WHOLE_GPU, [uuid(0)])
+    broker, _store, _, clock = broker_with_kubelet(bound_pod("a", whole(0)))
+    broker.allocate(GPU, [uuid(0)])
     state = broker.state
     assert release_departed(state, [], clock.now + 10, 60.0).holds == state.holds
     assert release_departed(state, [], clock.now + 61, 60.0).holds == ()
@@ -103,21 +104,21 @@ def test_release_departed_without_the_kubelet_keeps_the_grace_period() -> None:
 def test_the_preferred_devices_are_the_records_once_a_departed_pod_is_released() -> None:
     """GetPreferredAllocation refreshes too, so the kubelet is steered to the record's GPU and
     its account (pod-resources) names what the container gets."""
-    broker, store, _kubelet, _ = broker_with_kubelet(pod("a", whole(2)))
-    broker.allocate(WHOLE_GPU, [uuid(2)])
+    broker, store, _kubelet, _ = broker_with_kubelet(bound_pod("a", whole(2)))
+    broker.allocate(GPU, [uuid(2)])
     store.remove("uid-a")
-    store.put(pod("b", whole(2), bound_at=50))
+    store.put(bound_pod("b", whole(2), bound_at=50))
     available = [uuid(3), uuid(2), uuid(0)]
-    assert broker.preferred(WHOLE_GPU, available, [], 1) == (uuid(2),)
+    assert broker.preferred(GPU, available, [], 1) == (uuid(2),)
 
 
 def test_node_holds_names_record_grants_or_what_the_kubelets_ids_stand_for() -> None:
     """A pod with a hold reports its record's grants (share memory included); a pod known only
     to the kubelet reports the GPUs its device IDs name; the list revision is carried."""
-    broker, _store, kubelet, _ = broker_with_kubelet(pod("s", share(1, 8000, 25)))
-    broker.allocate(SHARED_GPU, [share_unit_id(uuid(1), k) for k in range(25)])
-    kubelet.hold("s", SHARED_GPU, *(share_unit_id(uuid(1), k) for k in range(25)))
-    kubelet.hold("ghost", WHOLE_GPU, uuid(3))
+    broker, _store, kubelet, _ = broker_with_kubelet(bound_pod("s", share(1, 8000, 25)))
+    broker.allocate(SHARED, [share_unit_id(uuid(1), k) for k in range(25)])
+    kubelet.hold("s", SHARED, *(share_unit_id(uuid(1), k) for k in range(25)))
+    kubelet.hold("ghost", GPU, uuid(3))
     broker.reconcile()
     holds = broker.holds()
     assert holds is not None and holds.revision == "10" and holds.admitting
@@ -147,7 +148,7 @@ def test_the_report_moves_on_change_and_otherwise_only_every_refresh_interval() 
 
 def test_an_unreachable_kubelet_or_a_drain_stops_taking_new_pods() -> None:
     """While pod-resources cannot be asked, or once draining began, the report says not admitting."""
-    broker, _, kubelet, _ = broker_with_kubelet(pod("a", whole(0)))
+    broker, _, kubelet, _ = broker_with_kubelet(bound_pod("a", whole(0)))
     broker.reconcile()
     holds = broker.holds()
     assert holds is not None and holds.admitting
@@ -167,7 +168,7 @@ def test_an_unreachable_kubelet_or_a_drain_stops_taking_new_pods() -> None:
 def test_node_holds_prefers_the_api_uid_of_the_pod() -> None:
     """The uid comes from the API listing when the pod is there."""
     inv = inventory(1)
-    a = KubeletAssignment("ns", "p", "c", WHOLE_GPU, (uuid(0),))
+    a = KubeletAssignment("ns", "p", "c", GPU, (uuid(0),))
     holds = node_holds("7", [a], AllocatorState(), {("ns", "p"): "uid-p"}, inv)
     assert holds.pods == (HeldPod("ns", "p", "uid-p", (GpuGrant(0, uuid(0), whole=True),)),)
 
@@ -177,9 +178,9 @@ def test_a_kubelet_that_lost_an_answered_allocate_gets_the_same_gpu_again() -> N
     """The kubelet stopped after our answer and before it recorded it: after its restart it
     admits the pod again and asks once more. It accounts no device to that pod, so the record's
     slot is handed out again (same GPU, same pod) instead of refused."""
-    broker, _store, _kubelet, _ = broker_with_kubelet(pod("a", whole(1)))
-    assert visible(broker.allocate(WHOLE_GPU, [uuid(1)])) == [uuid(1)]
-    assert visible(broker.allocate(WHOLE_GPU, [uuid(1)])) == [uuid(1)]  # asked again
+    broker, _store, _kubelet, _ = broker_with_kubelet(bound_pod("a", whole(1)))
+    assert visible(broker.allocate(GPU, [uuid(1)])) == [uuid(1)]
+    assert visible(broker.allocate(GPU, [uuid(1)])) == [uuid(1)]  # asked again
     assert len(broker.state.handouts) == 1
     assert [h.holder.name for h in broker.state.holds] == ["a"]
 
@@ -188,28 +189,28 @@ def test_a_kubelet_that_lost_an_answered_allocate_gets_the_same_gpu_again() -> N
 def test_a_container_the_kubelet_still_accounts_is_not_served_other_ids() -> None:
     """When the kubelet's account names the pod's devices, a second request of the same size
     for other IDs is not that pod's: it is refused rather than given the pod's GPU again."""
-    broker, _store, kubelet, _ = broker_with_kubelet(pod("a", whole(1)))
-    broker.allocate(WHOLE_GPU, [uuid(1)])
-    kubelet.hold("a", WHOLE_GPU, uuid(1))
+    broker, _store, kubelet, _ = broker_with_kubelet(bound_pod("a", whole(1)))
+    broker.allocate(GPU, [uuid(1)])
+    kubelet.hold("a", GPU, uuid(1))
     with pytest.raises(AllocationRefused):
-        broker.allocate(WHOLE_GPU, [uuid(2)])
+        broker.allocate(GPU, [uuid(2)])
 
 
 @pytest.mark.timeout(30)
 def test_without_the_kubelets_account_an_answered_allocate_is_not_repeated() -> None:
     """With the pod-resources socket down nothing says the kubelet lost the answer: refuse."""
-    broker, _store, kubelet, _ = broker_with_kubelet(pod("a", whole(1)))
-    broker.allocate(WHOLE_GPU, [uuid(1)])
+    broker, _store, kubelet, _ = broker_with_kubelet(bound_pod("a", whole(1)))
+    broker.allocate(GPU, [uuid(1)])
     kubelet.down = True
     with pytest.raises(AllocationRefused):
-        broker.allocate(WHOLE_GPU, [uuid(1)])
+        broker.allocate(GPU, [uuid(1)])
 
 
 @pytest.mark.timeout(30)
 def test_a_kubelet_asking_again_for_the_very_same_ids_is_the_same_container() -> None:
     """Restored from its checkpoint, the kubelet may account the devices and still ask again:
     the very IDs of the earlier answer are that container's own, so they are served again."""
-    broker, _store, kubelet, _ = broker_with_kubelet(pod("a", whole(1)))
-    broker.allocate(WHOLE_GPU, [uuid(1)])
-    kubelet.hold("a", WHOLE_GPU, uuid(1))
-    assert visible(broker.allocate(WHOLE_GPU, [uuid(1)])) == [uuid(1)]
+    broker, _store, kubelet, _ = broker_with_kubelet(bound_pod("a", whole(1)))
+    broker.allocate(GPU, [uuid(1)])
+    kubelet.hold("a", GPU, uuid(1))
+    assert visible(broker.allocate(GPU, [uuid(1)])) == [uuid(1)]

@@ -17,7 +17,7 @@ from node_agent.health import (
     unreadable_fault,
 )
 from node_agent.sources.nvml_reader import EccCounts, EventKind, XidEvent
-from tests.node_agent.machines import FakeClock
+from tests.node_agent.fakes import FakeClock
 
 U0 = "GPU-0a1b2c3d-0000-4000-8000-000000000000"
 U1 = "GPU-0a1b2c3d-0000-4000-8000-000000000001"

@@ -10,8 +10,13 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from contract.gpu_topology import TopologyStatus, encode_status, topology_object
-from contract.keys import GROUP, TOPOLOGY_HASH_ANNOTATION, TOPOLOGY_PLURAL, TOPOLOGY_VERSION
-from contract.resources import ResourceNames
+from contract.keys import (
+    ALLOCATION_ANNOTATION,
+    GROUP,
+    TOPOLOGY_HASH_ANNOTATION,
+    TOPOLOGY_PLURAL,
+    TOPOLOGY_VERSION,
+)
 from node_agent.kube.client import MERGE_PATCH, KubernetesNodeApi, kube_error
 from node_agent.kube.node_api import (
     AgentEvent,
@@ -22,18 +27,18 @@ from node_agent.kube.node_api import (
     pod_from_dict,
     rfc3339,
 )
-from tests.node_agent.builders import app
-from tests.node_agent.machines import machine
+from tests.support.device_plugin import app
+from tests.support.machines import catalog_machine
+from tests.support.resources import GPU, MEMORY, NAMES, SHARED
 from topology.codec import content_hash
 
-NAMES = ResourceNames()
 POD = {
     "metadata": {
         "name": "train-0",
         "namespace": "ml",
         "uid": "u-1",
         "resourceVersion": "812",
-        "annotations": {"linkpack.io/allocation": "{}"},
+        "annotations": {ALLOCATION_ANNOTATION: "{}"},
         "creationTimestamp": "2024-05-01T10:00:00Z",
     },
     "spec": {
@@ -41,11 +46,11 @@ POD = {
         "containers": [
             {
                 "name": "main",
-                "resources": {"requests": {"nvidia.com/gpu": "2", "cpu": "4", "memory": "8Gi"}},
+                "resources": {"requests": {GPU: "2", "cpu": "4", "memory": "8Gi"}},
             },
             {
                 "name": "side",
-                "resources": {"limits": {"nvidia.com/gpu.memory": "1k", "nvidia.com/gpu.shared": "1"}},
+                "resources": {"limits": {MEMORY: "1k", SHARED: "1"}},
             },
         ],
     },
@@ -63,11 +68,11 @@ def test_pod_translation_reads_only_the_resources_asked_for():
         "812",
         "n1",
     )
-    assert pod.annotations["linkpack.io/allocation"] == "{}"
-    assert pod.demands[0] == app("main", "nvidia.com/gpu", 2)
+    assert pod.annotations[ALLOCATION_ANNOTATION] == "{}"
+    assert pod.demands[0] == app("main", GPU, 2)
     assert [d.amounts for d in pod.demands] == [
-        (("nvidia.com/gpu", 2),),
-        (("nvidia.com/gpu.memory", 1000), ("nvidia.com/gpu.shared", 1)),
+        ((GPU, 2),),
+        ((MEMORY, 1000), (SHARED, 1)),
     ]
     assert pod.created == dt.datetime(2024, 5, 1, 10, tzinfo=dt.UTC)
     assert not pod.finished and pod.spec_problem == ""
@@ -79,20 +84,18 @@ def test_requests_win_over_limits_and_bad_quantities_are_a_spec_problem_not_a_cr
     def pod(resources):
         return pod_from_dict({"spec": {"containers": [{"name": "c", "resources": resources}]}}, NAMES.managed)
 
-    assert pod({"limits": {"nvidia.com/gpu": "4"}, "requests": {"nvidia.com/gpu": "2"}}).demands[
-        0
-    ].amounts == (("nvidia.com/gpu", 2),)
-    bad = pod({"requests": {"nvidia.com/gpu": "0.5"}})
-    assert bad.demands == () and "nvidia.com/gpu" in bad.spec_problem
+    assert pod({"limits": {GPU: "4"}, "requests": {GPU: "2"}}).demands[0].amounts == ((GPU, 2),)
+    bad = pod({"requests": {GPU: "0.5"}})
+    assert bad.demands == () and GPU in bad.spec_problem
     assert pod({"requests": {"example.com/other": "0.5"}}).spec_problem == ""
 
 
 def test_the_spec_is_written_as_the_contracts_object_named_after_the_node():
     """The GpuTopology written is the contract's object, named after the node, with its content hash."""
-    topology = machine("dgx1-v100")
+    topology = catalog_machine("dgx1-v100")
     api = _api(custom={"get_cluster_custom_object": [ApiException(status=404)]})
     api.put_topology_spec("n1", topology)
-    name, args, _ = api._custom.calls[-1]
+    name, args, _ = api.custom.calls[-1]
     assert name == "create_cluster_custom_object" and args[3] == topology_object("n1", topology)
     assert args[3]["metadata"]["annotations"][TOPOLOGY_HASH_ANNOTATION] == content_hash(topology)
     assert args[3]["apiVersion"] == "linkpack.io/v1alpha1" and args[3]["kind"] == "GpuTopology"
@@ -151,26 +154,34 @@ class _Recorder:
         return call
 
 
-def _api(core: dict[str, list[Any]] | None = None, custom: dict[str, list[Any]] | None = None):
-    api = KubernetesNodeApi(client.ApiClient(), "n1")
-    api._core = _Recorder(core or {})  # type: ignore[assignment]
-    api._custom = _Recorder(custom or {})  # type: ignore[assignment]
-    return api
+class _RecordedApi(KubernetesNodeApi):
+    """The adapter for node n1 over recorders of its calls to the client (`core`, `custom`)."""
+
+    def __init__(self, core: dict[str, list[Any]], custom: dict[str, list[Any]]) -> None:
+        self.core = _Recorder(core)
+        self.custom = _Recorder(custom)
+        super().__init__(client.ApiClient(), "n1", core=self.core, custom=self.custom)
+
+
+def _api(
+    core: dict[str, list[Any]] | None = None, custom: dict[str, list[Any]] | None = None
+) -> _RecordedApi:
+    return _RecordedApi(core or {}, custom or {})
 
 
 def test_put_spec_creates_then_replaces_with_the_resource_version():
     """The spec is created when absent, and replaced over the resourceVersion it was read at."""
-    topology = machine("dgx1-v100")
+    topology = catalog_machine("dgx1-v100")
     api = _api(custom={"get_cluster_custom_object": [ApiException(status=404)]})
     api.put_topology_spec("n1", topology)
-    assert [c[0] for c in api._custom.calls] == ["get_cluster_custom_object", "create_cluster_custom_object"]
+    assert [c[0] for c in api.custom.calls] == ["get_cluster_custom_object", "create_cluster_custom_object"]
     existing = {
         "metadata": {"name": "n1", "resourceVersion": "9", "annotations": {TOPOLOGY_HASH_ANNOTATION: "h1"}},
         "spec": {"not": "a topology"},  # a malformed object is replaced all the same
     }
     api = _api(custom={"get_cluster_custom_object": [existing]})
     api.put_topology_spec("n1", topology)
-    name, args, _ = api._custom.calls[-1]
+    name, args, _ = api.custom.calls[-1]
     assert name == "replace_cluster_custom_object"
     assert args[:4] == (GROUP, TOPOLOGY_VERSION, TOPOLOGY_PLURAL, "n1")
     assert args[4]["metadata"]["resourceVersion"] == "9"
@@ -186,7 +197,7 @@ def test_put_spec_retries_on_conflict_then_gives_up():
         }
     )
     with pytest.raises(KubeConflict, match="after 3 attempts"):
-        api.put_topology_spec("n1", machine("dgx1-v100"))
+        api.put_topology_spec("n1", catalog_machine("dgx1-v100"))
 
 
 def test_status_and_annotations_use_merge_patches():
@@ -194,12 +205,12 @@ def test_status_and_annotations_use_merge_patches():
     api = _api()
     status = TopologyStatus(gpu_count=8, agent_version="1.0", heartbeat="2024-05-01T10:00:00Z")
     api.patch_topology_status("n1", status)
-    name, args, kwargs = api._custom.calls[0]
+    name, args, kwargs = api.custom.calls[0]
     assert name == "patch_cluster_custom_object_status" and args[-1] == {"status": encode_status(status)}
     assert args[-1]["status"]["gpuCount"] == 8
     assert kwargs["_content_type"] == MERGE_PATCH
     api.patch_pod_annotations("ml", "p", {"a": "1", "b": None}, "812")
-    name, args, kwargs = api._core.calls[0]
+    name, args, kwargs = api.core.calls[0]
     assert args[2] == {"metadata": {"resourceVersion": "812", "annotations": {"a": "1", "b": None}}}
     assert kwargs["_content_type"] == MERGE_PATCH
 
@@ -216,7 +227,7 @@ def test_listing_pods_uses_the_node_field_selector_and_translates():
     api = _api(core={"list_pod_for_all_namespaces": [{"items": [POD]}]})
     pods = api.list_node_pods("n1")
     assert pods[0].name == "train-0"
-    assert api._core.calls[0][2] == {"field_selector": "spec.nodeName=n1"}
+    assert api.core.calls[0][2] == {"field_selector": "spec.nodeName=n1"}
 
 
 def test_missing_topology_is_none_and_other_errors_raise():
@@ -226,14 +237,14 @@ def test_missing_topology_is_none_and_other_errors_raise():
         _api(
             custom={"get_cluster_custom_object": [ApiException(status=403, reason="Forbidden")]}
         ).get_topology("n1")
-    malformed = {**topology_object("n1", machine("dgx1-v100")), "status": {"gpuCount": -1}}
+    malformed = {**topology_object("n1", catalog_machine("dgx1-v100")), "status": {"gpuCount": -1}}
     with pytest.raises(KubeError, match="gpuCount"):
         _api(custom={"get_cluster_custom_object": [malformed]}).get_topology("n1")
 
 
 def test_an_existing_topology_is_decoded_by_the_contract():
     """The GpuTopology read back is the contract's PublishedTopology, with its status."""
-    topology = machine("dgx1-v100")
+    topology = catalog_machine("dgx1-v100")
     obj = {**topology_object("n1", topology, "7"), "status": encode_status(TopologyStatus(gpu_count=8))}
     found = _api(custom={"get_cluster_custom_object": [obj]}).get_topology("n1")
     assert found is not None and found.content_hash == content_hash(topology)
@@ -244,7 +255,7 @@ def test_events_are_sent_as_client_models():
     """Events are sent as client models into the default namespace."""
     api = _api()
     api.emit_event(AgentEvent("GpuRecovered", "GPU 1 back", "Node", "n1"))
-    name, args, _ = api._core.calls[0]
+    name, args, _ = api.core.calls[0]
     assert name == "create_namespaced_event" and args[0] == "default"
     assert isinstance(args[1], client.CoreV1Event)
 
@@ -261,7 +272,7 @@ def test_get_pod_reads_one_pod_and_a_missing_one_is_none():
     api = _api(core={"read_namespaced_pod": [POD, ApiException(status=404, reason="Not Found")]})
     pod = api.get_pod("ml", "train-0")
     assert pod is not None and pod.uid == "u-1" and pod.resource_version == "812"
-    assert api._core.calls[0][:2] == ("read_namespaced_pod", ("train-0", "ml"))
+    assert api.core.calls[0][:2] == ("read_namespaced_pod", ("train-0", "ml"))
     assert api.get_pod("ml", "gone") is None
     failing = _api(core={"read_namespaced_pod": [ApiException(status=403, reason="Forbidden")]})
     with pytest.raises(KubeError, match="get pod ml/p: HTTP 403"):

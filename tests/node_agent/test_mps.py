@@ -34,8 +34,10 @@ from node_agent.metrics import AgentMetrics
 from node_agent.sharing.mps import PID_FILE, ExternalMps, MpsSettings, MpsSupervisor
 from node_agent.sources.nvml_simulated import SimulatedNvml
 from node_agent.wiring import start_mps
-from tests.node_agent.builders import SHARED_GPU, inventory, pod, share, uuid
-from tests.node_agent.machines import FakeClock, FakeNodeApi, machine, topo_text
+from tests.node_agent.fakes import FakeClock, FakeNodeApi
+from tests.support.device_plugin import bound_pod, inventory, share, uuid
+from tests.support.machines import catalog_machine, topo_text
+from tests.support.resources import SHARED
 
 FAKE_CONTROL = r"""
 import os, socket, sys, time
@@ -292,7 +294,7 @@ def test_the_agent_publishes_mps_active_only_while_the_supervised_daemon_is_heal
     text = topo_text("hgx-h100")
     agent = Agent(
         config,
-        SimulatedNvml(machine("hgx-h100"), node_name="n1"),
+        SimulatedNvml(catalog_machine("hgx-h100"), node_name="n1"),
         cluster,
         AgentMetrics(),
         lambda: text,
@@ -316,8 +318,8 @@ def test_an_mps_share_handed_out_while_the_daemon_is_down_is_held_cooperatively(
     """A share recorded as hard MPS handed out while the supervised daemon is down is held cooperatively, and with MPS limits once it is back."""
     store = InMemoryPodRecords(
         [
-            pod("first", share(0, 1024, 1), bound_at=1, enforcement=Enforcement.HARD_MPS),
-            pod("second", share(1, 1024, 1), bound_at=2, enforcement=Enforcement.HARD_MPS),
+            bound_pod("first", share(0, 1024, 1), bound_at=1, enforcement=Enforcement.HARD_MPS),
+            bound_pod("second", share(1, 1024, 1), bound_at=2, enforcement=Enforcement.HARD_MPS),
         ]
     )
     sharing = SharingConfig(mps_pipe_dir=mps.settings.pipe_dir)
@@ -328,11 +330,11 @@ def test_an_mps_share_handed_out_while_the_daemon_is_down_is_held_cooperatively(
     mps.crash()
     mps.supervisor.check()
     assert Path(mps.settings.pipe_dir).is_dir()  # the directory stays: only the daemon tells
-    down = broker.allocate(SHARED_GPU, [share_unit_id(uuid(0), 0)])
+    down = broker.allocate(SHARED, [share_unit_id(uuid(0), 0)])
     assert down.enforcement is Enforcement.COOPERATIVE and "MPS does not serve" in down.fallback
     mps.clock.advance(1)
     mps.supervisor.check()
-    up = broker.allocate(SHARED_GPU, [share_unit_id(uuid(1), 0)])
+    up = broker.allocate(SHARED, [share_unit_id(uuid(1), 0)])
     assert (
         up.enforcement is Enforcement.HARD_MPS and up.env("CUDA_MPS_PIPE_DIRECTORY") == mps.settings.pipe_dir
     )

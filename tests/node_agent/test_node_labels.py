@@ -42,7 +42,8 @@ from node_agent.loop.node_labels import (
 )
 from node_agent.metrics import AgentMetrics
 from node_agent.sources.nvml_simulated import SimulatedNvml
-from tests.node_agent.machines import FakeClock, FakeNodeApi, machine, topo_text
+from tests.node_agent.fakes import FakeClock, FakeNodeApi
+from tests.support.machines import catalog_machine, topo_text
 from topology.model import Gpu, GpuLink, LinkKind, MigMode, NodeTopology
 
 FACTS = LabelFacts(driver_version="550.54.15", cuda_driver_version="12.4")
@@ -139,7 +140,7 @@ def _topology(models: list[str], nv: dict[tuple[int, int], int] | None = None, *
 )
 def test_labels_of_each_catalog_machine(name, expected):
     """Each captured machine gets the GFD labels it can, the SXM/NVLink/NVSwitch verdicts and its clique."""
-    labels = node_labels(machine(name), FACTS)
+    labels = node_labels(catalog_machine(name), FACTS)
     assert labels == {**expected, **DRIVER_LABELS, MIG_CAPABLE_LABEL: "false", MPS_LABEL: "false"}
     assert set(labels) <= LABEL_KEYS
 
@@ -147,7 +148,7 @@ def test_labels_of_each_catalog_machine(name, expected):
 @pytest.mark.timeout(10)
 def test_labels_follow_the_facts():
     """MIG support, MPS and an unknown driver show in the labels; a node without GPUs gets none."""
-    a100 = machine("dgx-a100")
+    a100 = catalog_machine("dgx-a100")
     mig_ready = replace(a100, gpus=tuple(replace(g, mig_mode=MigMode.DISABLED) for g in a100.gpus))
     assert node_labels(mig_ready, FACTS)[MIG_CAPABLE_LABEL] == "true"
     assert node_labels(a100, replace(FACTS, mps_active=True))[MPS_LABEL] == "true"
@@ -169,7 +170,7 @@ def test_labels_follow_the_facts():
 )
 def test_driver_and_cuda_version_labels(driver, cuda, expected):
     """The driver version splits into major, minor and revision, the CUDA version into major and minor."""
-    labels = node_labels(machine("hgx-h100"), LabelFacts(driver, cuda))
+    labels = node_labels(catalog_machine("hgx-h100"), LabelFacts(driver, cuda))
     keys = (
         CUDA_DRIVER_MAJOR_LABEL,
         CUDA_DRIVER_MINOR_LABEL,
@@ -210,7 +211,7 @@ def test_nvlink_clique_is_the_largest_all_pairs_nvlinked_set():
     triangle_and_pair = {(0, 1): 1, (0, 2): 1, (1, 2): 1, (3, 4): 4}
     assert nvlink_clique(_topology(["g"] * 5, triangle_and_pair)) == 3
     assert nvlink_clique(_topology(["g"] * 3)) == 1 and nvlink_clique(NodeTopology(gpus=())) == 0
-    assert nvlink_clique(machine("dgx2")) == 16
+    assert nvlink_clique(catalog_machine("dgx2")) == 16
 
 
 # ---------------------------------------------------------------------- the rules
@@ -368,11 +369,11 @@ class _Recorder:
 @pytest.mark.timeout(10)
 def test_the_kubernetes_adapter_reads_and_patches_node_labels():
     """get_node_metadata reads labels, annotations and version; patch_node_labels sends one merge patch."""
-    api = KubernetesNodeApi(client.ApiClient(), "n1")
     node = {
         "metadata": {"name": "n1", "resourceVersion": "77", "labels": {"a": "1"}, "annotations": {"b": "2"}}
     }
-    api._core = _Recorder({"read_node": node})  # type: ignore[assignment]
+    core = _Recorder({"read_node": node})
+    api = KubernetesNodeApi(client.ApiClient(), "n1", core=core)
     metadata = api.get_node_metadata("n1")
     assert (dict(metadata.labels), dict(metadata.annotations), metadata.resource_version) == (
         {"a": "1"},
@@ -382,7 +383,7 @@ def test_the_kubernetes_adapter_reads_and_patches_node_labels():
     api.patch_node_labels(
         "n1", {SXM_LABEL: "true", NUMA_NODES_LABEL: None}, {MANAGED_LABELS_ANNOTATION: "{}"}, "77"
     )
-    name, args, kwargs = api._core.calls[-1]
+    name, args, kwargs = core.calls[-1]
     assert name == "patch_node" and args[0] == "n1" and kwargs["_content_type"] == MERGE_PATCH
     assert args[1] == {
         "metadata": {
@@ -391,7 +392,8 @@ def test_the_kubernetes_adapter_reads_and_patches_node_labels():
             "resourceVersion": "77",
         }
     }
-    api._core = _Recorder({"patch_node": ApiException(status=409, reason="Conflict")})  # type: ignore[assignment]
+    conflicting = _Recorder({"patch_node": ApiException(status=409, reason="Conflict")})
+    api = KubernetesNodeApi(client.ApiClient(), "n1", core=conflicting)
     with pytest.raises(KubeConflict, match="patch node n1 labels: HTTP 409"):
         api.patch_node_labels("n1", {SXM_LABEL: "true"}, {}, "77")
 
@@ -401,7 +403,7 @@ def test_the_kubernetes_adapter_reads_and_patches_node_labels():
 
 def _agent(tmp_path, name: str = "hgx-h100", **overrides: Any) -> tuple[Agent, FakeNodeApi, FakeClock]:
     config = AgentConfig(node_name="n1", proc_root=tmp_path, **overrides)
-    sim = SimulatedNvml(machine(name), node_name="n1")
+    sim = SimulatedNvml(catalog_machine(name), node_name="n1")
     cluster, clock = FakeNodeApi(), FakeClock()
     text = topo_text(name)
     return Agent(config, sim, cluster, AgentMetrics(), lambda: text, clock), cluster, clock

@@ -23,7 +23,7 @@ from tests.node_agent.fake_pynvml import (
     FakeGpu,
     FakePynvml,
 )
-from tests.node_agent.machines import machine
+from tests.support.machines import catalog_machine
 
 
 def _reader(*gpus: FakeGpu) -> tuple[PynvmlReader, FakePynvml]:
@@ -146,9 +146,9 @@ def test_pynvml_sets_power_limits_in_milliwatts():
 @pytest.mark.timeout(10)
 def test_simulated_driver_and_cuda_defaults_and_overrides():
     """A simulated machine runs driver 550.54.15 with CUDA 12.4 unless told other versions."""
-    sim = SimulatedNvml(machine("hgx-h100"))
+    sim = SimulatedNvml(catalog_machine("hgx-h100"))
     assert (sim.driver_version(), sim.cuda_driver_version()) == ("550.54.15", "12.4")
-    old = SimulatedNvml(machine("hgx-h100"), driver="470.82.01", cuda_version="11.4")
+    old = SimulatedNvml(catalog_machine("hgx-h100"), driver="470.82.01", cuda_version="11.4")
     assert (old.driver_version(), old.cuda_driver_version()) == ("470.82.01", "11.4")
 
 
@@ -166,14 +166,14 @@ def test_simulated_driver_and_cuda_defaults_and_overrides():
 )
 def test_simulated_power_limits_follow_the_gpu_model(name, limits):
     """Each simulated GPU starts at its model's default limit, settable within the model's range."""
-    sim = SimulatedNvml(machine(name))
+    sim = SimulatedNvml(catalog_machine(name))
     assert {sim.power_limits(i) for i in range(sim.device_count())} == {limits}
 
 
 @pytest.mark.timeout(10)
 def test_simulated_power_limits_are_set_within_range_and_recorded():
     """Setting a limit within range changes it and is recorded; out of range or unprivileged is refused."""
-    sim = SimulatedNvml(machine("dgx-a100"))
+    sim = SimulatedNvml(catalog_machine("dgx-a100"))
     sim.set_power_limit(3, 250)
     assert sim.power_limits(3) == PowerLimits(250, 100, 400, 400) and sim.power_limit_calls == [(3, 250)]
     with pytest.raises(NvmlReadError, match="outside 100-400 W"):
@@ -215,7 +215,7 @@ def test_read_driver_never_raises():
     failed = read_driver(reader)
     assert (failed.driver_version, failed.cuda_driver_version) == ("", "")
     assert len(failed.problems) == 2 and "driver version unknown" in failed.problems[0]
-    odd = read_driver(SimulatedNvml(machine("hgx-h100"), cuda_version="twelve"))
+    odd = read_driver(SimulatedNvml(catalog_machine("hgx-h100"), cuda_version="twelve"))
     assert odd.cuda_driver_version == "" and "not MAJOR.MINOR" in odd.problems[0]
 
 
@@ -226,7 +226,7 @@ def test_read_power_leaves_out_gpus_nvml_will_not_tell():
     reading = read_power(reader, range(3))
     assert [i for i, _ in reading.limits] == [0, 2] and reading.problems == ()
     assert reading.of(2) == PowerLimits(400, 100, 400, 400) and reading.of(1) is None
-    sim = SimulatedNvml(machine("dgx1-v100"))
+    sim = SimulatedNvml(catalog_machine("dgx1-v100"))
     sim.set_gpu_lost(5)
     lost = read_power(sim, range(8))
     assert [i for i, _ in lost.limits] == [0, 1, 2, 3, 4, 6, 7] and "GPU 5" in lost.problems[0]

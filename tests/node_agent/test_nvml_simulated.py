@@ -15,7 +15,7 @@ from node_agent.sources.nvml_reader import (
     XidEvent,
 )
 from node_agent.sources.nvml_simulated import FaultCommandError, SimulatedNvml
-from tests.node_agent.machines import machine
+from tests.support.machines import catalog_machine
 from topology.model import LinkKind, MigDevice, MigMode
 
 MIB = 1024 * 1024
@@ -26,7 +26,7 @@ MIB = 1024 * 1024
 )
 def test_nvswitch_machines_report_every_link_ending_at_a_switch(name, links, version, switches):
     """On NVSwitch machines every NVLink of a GPU ends at a switch."""
-    sim = SimulatedNvml(machine(name))
+    sim = SimulatedNvml(catalog_machine(name))
     assert sim.device_count() == 8
     for i in range(8):
         nvlinks = sim.nvlinks(i)
@@ -39,7 +39,7 @@ def test_nvswitch_machines_report_every_link_ending_at_a_switch(name, links, ver
 
 def test_dgx1_v100_cube_mesh_counts_links_to_each_peer():
     """On the DGX-1 cube mesh each peer is reached over as many links as `NV<k>` says."""
-    sim = SimulatedNvml(machine("dgx1-v100"))
+    sim = SimulatedNvml(catalog_machine("dgx1-v100"))
     bus = {sim.identity(i).pci_bus_id: i for i in range(8)}
     per_peer = Counter(bus[lk.remote_pci_bus_id] for lk in sim.nvlinks(0))
     assert per_peer == {1: 2, 2: 2, 3: 1, 4: 1}  # NV2 NV2 NV1 NV1 in the capture
@@ -54,7 +54,7 @@ def test_dgx1_v100_cube_mesh_counts_links_to_each_peer():
 
 def test_nvlink_pairs_report_their_pcie_path_from_numa():
     """NVLink pairs report the PCIe path their NUMA placement implies."""
-    sim = SimulatedNvml(machine("dgx-a100"))  # GPU0/1 on NUMA 3, GPU2 on NUMA 1
+    sim = SimulatedNvml(catalog_machine("dgx-a100"))  # GPU0/1 on NUMA 3, GPU2 on NUMA 1
     assert sim.topology_level(0, 1) is LinkKind.NODE
     assert sim.topology_level(0, 2) is LinkKind.SYS
     assert sim.affinity(0).cpulist == "48-63,176-191"
@@ -63,9 +63,9 @@ def test_nvlink_pairs_report_their_pcie_path_from_numa():
 
 def test_identity_is_deterministic_and_unique():
     """Simulated UUIDs are the same for one node name and differ between nodes."""
-    a = SimulatedNvml(machine("hgx-h100"), node_name="node-a")
-    b = SimulatedNvml(machine("hgx-h100"), node_name="node-a")
-    c = SimulatedNvml(machine("hgx-h100"), node_name="node-c")
+    a = SimulatedNvml(catalog_machine("hgx-h100"), node_name="node-a")
+    b = SimulatedNvml(catalog_machine("hgx-h100"), node_name="node-a")
+    c = SimulatedNvml(catalog_machine("hgx-h100"), node_name="node-c")
     ids_a = [a.identity(i) for i in range(8)]
     assert ids_a == [b.identity(i) for i in range(8)]
     assert len({d.uuid for d in ids_a}) == 8
@@ -78,7 +78,7 @@ def test_identity_is_deterministic_and_unique():
 
 def test_without_a_node_name_the_catalog_uuids_are_kept_and_from_machine_works():
     """Without a node name the catalog's UUIDs are kept, and machines load by name."""
-    topo = machine("dgx-a100")
+    topo = catalog_machine("dgx-a100")
     sim = SimulatedNvml.from_machine("dgx-a100")
     assert [sim.identity(i).uuid for i in range(8)] == [g.uuid for g in topo.gpus]
     assert [sim.identity(i).pci_bus_id for i in range(8)] == [g.pci_bus_id for g in topo.gpus]
@@ -86,7 +86,7 @@ def test_without_a_node_name_the_catalog_uuids_are_kept_and_from_machine_works()
 
 def test_injected_xid_is_delivered_once_and_79_makes_the_gpu_unreadable():
     """An injected XID is delivered once, and XID 79 also makes the GPU unreadable."""
-    sim = SimulatedNvml(machine("dgx-a100"))
+    sim = SimulatedNvml(catalog_machine("dgx-a100"))
     assert sim.wait_event(0) is None
     sim.inject_xid(3, 79)
     assert sim.wait_event(10) == XidEvent(3, EventKind.XID, 79)
@@ -101,7 +101,7 @@ def test_injected_xid_is_delivered_once_and_79_makes_the_gpu_unreadable():
 
 def test_ecc_nvlink_and_process_faults():
     """ECC counters, NVLink state and processes can be set and cleared."""
-    sim = SimulatedNvml(machine("dgx1-v100"))
+    sim = SimulatedNvml(catalog_machine("dgx1-v100"))
     assert sim.ecc(1).volatile_uncorrected == 0
     sim.set_ecc(1, volatile_uncorrected=2, remap_pending=True)
     assert (sim.ecc(1).volatile_uncorrected, sim.ecc(1).remap_pending) == (2, True)
@@ -117,7 +117,7 @@ def test_ecc_nvlink_and_process_faults():
 
 def test_mig_layout_can_be_set():
     """A simulated GPU's MIG layout can be set."""
-    sim = SimulatedNvml(machine("dgx-a100"))
+    sim = SimulatedNvml(catalog_machine("dgx-a100"))
     assert sim.mig(0).mode is MigMode.UNSUPPORTED
     from node_agent.sources.nvml_reader import MigInfo
 
@@ -128,7 +128,7 @@ def test_mig_layout_can_be_set():
 
 def test_fault_commands_from_json():
     """JSON fault commands apply the same faults as the methods."""
-    sim = SimulatedNvml(machine("hgx-h100"))
+    sim = SimulatedNvml(catalog_machine("hgx-h100"))
     assert "XID 48" in sim.apply_fault({"gpu": 1, "xid": 48})
     assert sim.wait_event(0) == XidEvent(1, EventKind.XID, 48)
     sim.apply_fault({"gpu": 1, "ecc": {"volatileUncorrected": 1}})
@@ -156,7 +156,7 @@ def test_fault_commands_from_json():
 )
 def test_bad_fault_commands_are_refused_with_a_reason(command, message):
     """Malformed fault commands are refused with a reason."""
-    sim = SimulatedNvml(machine("hgx-h100"))
+    sim = SimulatedNvml(catalog_machine("hgx-h100"))
     with pytest.raises(FaultCommandError, match=message):
         sim.apply_fault(command)
 
@@ -165,6 +165,6 @@ def test_wait_event_wakes_up_when_a_fault_arrives_from_another_thread():
     """Waiting for an event wakes up when a fault arrives from another thread."""
     import threading
 
-    sim = SimulatedNvml(machine("hgx-h100"))
+    sim = SimulatedNvml(catalog_machine("hgx-h100"))
     threading.Timer(0.05, lambda: sim.inject_xid(0, 74)).start()
     assert sim.wait_event(5000) == XidEvent(0, EventKind.XID, 74)

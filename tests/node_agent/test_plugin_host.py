@@ -20,11 +20,11 @@ from node_agent.deviceplugin.record_store import InMemoryPodRecords
 from node_agent.deviceplugin.server import PluginConfig
 from node_agent.health import GpuHealth
 from node_agent.metrics import AgentMetrics, DevicePluginStats
+from tests.support.machines import catalog_machine
+from tests.support.resources import GPU, SHARED, mig_resource
 from topology.model import MigDevice, MigMode, NodeTopology
 
-from .builders import SHARED_GPU, WHOLE_GPU
 from .fake_kubelet import FakeKubelet, wait_until
-from .machines import machine
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -90,7 +90,7 @@ def test_prepare_shim_leaves_the_shim_out_when_it_cannot_be_installed(tmp_path: 
 
 def test_unhealthy_and_cordoned_gpus_take_their_mig_instances_along() -> None:
     """Unhealthy and cordoned GPUs are unavailable together with their MIG instances."""
-    topology = _with_mig(machine("hgx-h100"), 0)
+    topology = _with_mig(catalog_machine("hgx-h100"), 0)
     gpus = topology.gpus
     assert unavailable_devices(topology, _health(topology)) == frozenset()
     sick = unavailable_devices(topology, _health(topology, unhealthy=0, cordoned=4))
@@ -114,7 +114,7 @@ def test_the_host_restarts_the_plugins_when_the_offered_gpus_change(plugin_dir: 
     kubelet = FakeKubelet(plugin_dir)
     kubelet.start()
     host = _host(plugin_dir)
-    topology = machine("hgx-h100")
+    topology = catalog_machine("hgx-h100")
     try:
         assert host.start(topology, _health(topology))
         wait_until(lambda: len(kubelet.registered) == 2)
@@ -129,9 +129,9 @@ def test_the_host_restarts_the_plugins_when_the_offered_gpus_change(plugin_dir: 
         wait_until(lambda: len(kubelet.registered) == 5)
         assert host.plugins is not first and host.plugins is not None
         assert set(host.plugins.resources) == {
-            WHOLE_GPU,
-            SHARED_GPU,
-            ResourceNames().mig_resource("3g.40gb"),
+            GPU,
+            SHARED,
+            mig_resource("3g.40gb"),
         }
         assert {r.resource_name for r in kubelet.registered[2:]} == set(host.plugins.resources)
         assert host.plugins.health.snapshot()[1] == {
@@ -152,7 +152,7 @@ def test_the_host_restarts_the_plugins_when_the_offered_gpus_change(plugin_dir: 
 def test_the_host_does_not_start_without_gpus_or_a_plugin_directory(plugin_dir: Path, tmp_path: Path) -> None:
     """The host does not start without GPUs or a plugin directory, but does before the kubelet is up."""
     assert not _host(plugin_dir).start(NodeTopology(gpus=()), [])
-    topology = machine("dgx1-v100")
+    topology = catalog_machine("dgx1-v100")
     assert not _host(tmp_path / "missing").start(topology, _health(topology))
     host = _host(plugin_dir)
     assert host.start(topology, _health(topology))  # no kubelet yet: serving, registration pending
@@ -168,7 +168,7 @@ def test_the_host_serves_the_configured_resource_names(plugin_dir: Path) -> None
     kubelet.start()
     names = ResourceNames(whole="example.com/gpu", shared_units="example.com/gpu.shared")
     host = _host(plugin_dir, names)
-    topology = machine("dgx1-v100")
+    topology = catalog_machine("dgx1-v100")
     try:
         assert host.start(topology, _health(topology))
         wait_until(lambda: len(kubelet.registered) == 2)

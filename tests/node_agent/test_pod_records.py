@@ -24,13 +24,13 @@ from node_agent.deviceplugin.broker import AllocationBroker
 from node_agent.deviceplugin.pod_records import KubePodRecords, bound_pod
 from node_agent.deviceplugin.record_store import RecordStoreError, record_generation
 from node_agent.kube.node_api import PodInfo, pod_from_dict
-
-from .builders import NAMES, WHOLE_GPU, app, init, inventory, sidecar, uuid, whole
-from .machines import FakeNodeApi
+from tests.node_agent.fakes import FakeNodeApi
+from tests.support.device_plugin import app, init, inventory, sidecar, uuid, whole
+from tests.support.pods import pod_info
+from tests.support.resources import GPU, NAMES
 
 NODE = "node-a"
 T0 = dt.datetime(2024, 5, 1, 10, 0, 0, tzinfo=dt.UTC)
-GPU = WHOLE_GPU
 
 
 def _record(*indices: int, generation: int = 1) -> str:
@@ -51,15 +51,13 @@ def _pod(
     created: dt.datetime | None = T0 - dt.timedelta(seconds=5),
     rv: str = "10",
 ) -> PodInfo:
-    annotations = {ALLOCATION_ANNOTATION: record} if record is not None else {}
-    return PodInfo(
-        namespace="ml",
-        name=name,
-        uid=f"uid-{name}",
-        resource_version=rv,
-        node_name=node,
+    """A pod on the node asking for `gpus` whole GPUs in its one app container, after `init`."""
+    return pod_info(
+        name,
+        node=node,
         phase=phase,
-        annotations=MappingProxyType(annotations),
+        resource_version=rv,
+        record=record,
         demands=(*init, app("main", GPU, gpus)),
         created=created,
         scheduled_at=scheduled_at,

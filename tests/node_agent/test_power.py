@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 import pytest
 
-from contract.allocation import Allocation, encode_allocation
+from contract.allocation import Allocation
 from contract.keys import ALLOCATION_ANNOTATION
 from node_agent.config import AgentConfig
 from node_agent.kube.node_api import PodInfo
@@ -16,11 +16,13 @@ from node_agent.loop.power import PowerLimiter, PowerPlan, PowerTarget, budgets,
 from node_agent.metrics import AgentMetrics
 from node_agent.sources.nvml_reader import PowerLimits
 from node_agent.sources.nvml_simulated import SimulatedNvml
-from tests.node_agent.machines import FakeClock, FakeNodeApi, machine, topo_text
+from tests.node_agent.fakes import FakeClock, FakeNodeApi
+from tests.support.machines import catalog_machine, topo_text
+from tests.support.pods import pod_info
 from topology.scheduling import GpuGrant
 
 NODE = "n1"
-A100 = SimulatedNvml(machine("dgx-a100"), node_name=NODE)  # its GPUs: for UUIDs and the plan's input
+A100 = SimulatedNvml(catalog_machine("dgx-a100"), node_name=NODE)  # its GPUs: for UUIDs and the plan's input
 GPUS = A100.gpus
 AT_DEFAULT = {g.index: PowerLimits(400, 100, 400, 400) for g in GPUS}
 
@@ -35,15 +37,7 @@ def _grant(index: int, watts: int, *, whole: bool = True, uuid: str | None = Non
 def _pod(
     name: str, *grants: GpuGrant, phase: str = "Running", node: str = NODE, record_node: str = NODE
 ) -> PodInfo:
-    record = encode_allocation(Allocation(node=record_node, grants=grants))
-    return PodInfo(
-        "ml",
-        name,
-        f"uid-{name}",
-        node_name=node,
-        phase=phase,
-        annotations=MappingProxyType({ALLOCATION_ANNOTATION: record}),
-    )
+    return pod_info(name, node=node, phase=phase, record=Allocation(node=record_node, grants=grants))
 
 
 # ---------------------------------------------------------------------- the plan
@@ -132,7 +126,7 @@ def test_unknown_limits_and_bad_records_are_noted_not_fatal():
 @pytest.mark.timeout(10)
 def test_the_limiter_sets_limits_and_survives_refusals(caplog):
     """Targets are set through the reader; a refusal is reported once and the others still go on."""
-    sim = SimulatedNvml(machine("dgx-a100"), node_name=NODE)
+    sim = SimulatedNvml(catalog_machine("dgx-a100"), node_name=NODE)
     limiter = PowerLimiter(sim)
     outcome = limiter.apply(PowerPlan((PowerTarget(0, 300, "budget"), PowerTarget(1, 999, "budget"))))
     assert [t.index for t in outcome.applied] == [0] and sim.power_limits(0).limit_w == 300
@@ -149,7 +143,7 @@ def test_the_limiter_sets_limits_and_survives_refusals(caplog):
 
 def _agent(tmp_path, **overrides):
     config = AgentConfig(node_name=NODE, proc_root=tmp_path, watchdog=False, **overrides)
-    sim = SimulatedNvml(machine("dgx-a100"), node_name=NODE)
+    sim = SimulatedNvml(catalog_machine("dgx-a100"), node_name=NODE)
     cluster, clock = FakeNodeApi(NODE), FakeClock()
     text = topo_text("dgx-a100")
     return Agent(config, sim, cluster, AgentMetrics(), lambda: text, clock), sim, cluster, clock

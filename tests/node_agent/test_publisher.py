@@ -7,7 +7,8 @@ from dataclasses import replace
 from contract.gpu_topology import TopologyStatus
 from node_agent.health import GpuHealth, Severity
 from node_agent.loop.publisher import Published, Publisher, node_status, plan_publish
-from tests.node_agent.machines import FakeClock, FakeNodeApi, machine
+from tests.node_agent.fakes import FakeClock, FakeNodeApi
+from tests.support.machines import catalog_machine
 from topology.codec import content_hash
 
 
@@ -25,7 +26,7 @@ def _health(healthy: bool = True) -> tuple[GpuHealth, ...]:
 
 
 def _status(healthy: bool = True, topology_name: str = "hgx-h100", **extra) -> TopologyStatus:
-    return node_status(machine(topology_name), _health(healthy), "1.0", **extra)
+    return node_status(catalog_machine(topology_name), _health(healthy), "1.0", **extra)
 
 
 def test_plan_is_pure_and_explains_itself():
@@ -46,7 +47,7 @@ def test_the_status_carries_the_gpu_count_mps_and_cordon_problems():
     """The published status has the GPU count (the CRD's printer column), MPS state and cordon problems."""
     cluster = FakeNodeApi()
     pub = Publisher(cluster, "n1", clock=FakeClock())
-    topo = machine("hgx-h100")
+    topo = catalog_machine("hgx-h100")
     pub.publish(
         topo, node_status(topo, _health(), "1.0", mps_active=True, cordon_problems=("entry 2 is empty",))
     )
@@ -60,7 +61,7 @@ def test_spec_is_written_once_then_only_on_hash_change():
     """The spec is written on the first publish and then only when the topology's hash changes."""
     cluster, clock = FakeNodeApi(), FakeClock()
     pub = Publisher(cluster, "n1", heartbeat_interval_s=30, clock=clock)
-    topo = machine("hgx-h100")
+    topo = catalog_machine("hgx-h100")
     outcome = pub.publish(topo, _status())
     assert outcome.wrote_spec and outcome.wrote_status
     assert cluster.spec_hash == content_hash(topo)
@@ -77,7 +78,7 @@ def test_warnings_alone_do_not_rewrite_the_spec():
     """New discovery warnings alone do not count as a topology change."""
     cluster = FakeNodeApi()
     pub = Publisher(cluster, "n1", clock=FakeClock())
-    topo = machine("dgx-a100")
+    topo = catalog_machine("dgx-a100")
     pub.publish(topo, _status(topology_name="dgx-a100"))
     pub.publish(replace(topo, warnings=("something new",)), _status(topology_name="dgx-a100"))
     assert cluster.spec_writes == 1
@@ -87,7 +88,7 @@ def test_health_changes_are_written_promptly_and_heartbeats_on_interval():
     """A health change is written on the next publish; an unchanged status only on the heartbeat interval."""
     cluster, clock = FakeNodeApi(), FakeClock()
     pub = Publisher(cluster, "n1", heartbeat_interval_s=30, clock=clock)
-    topo = machine("dgx1-v100")
+    topo = catalog_machine("dgx1-v100")
     pub.publish(topo, _status(topology_name="dgx1-v100"))
     clock.advance(1)
     assert pub.publish(topo, _status(False, "dgx1-v100")).plan.why == "status changed"
@@ -104,7 +105,7 @@ def test_health_changes_are_written_promptly_and_heartbeats_on_interval():
 def test_an_existing_record_with_the_same_hash_is_not_rewritten_after_restart():
     """A restarted agent reads the existing object back and does not rewrite an unchanged spec."""
     cluster = FakeNodeApi()
-    topo = machine("hgx-h100")
+    topo = catalog_machine("hgx-h100")
     Publisher(cluster, "n1", clock=FakeClock()).publish(topo, _status())
     restarted = Publisher(cluster, "n1", clock=FakeClock())
     assert restarted.load_existing() == content_hash(topo)
@@ -117,7 +118,7 @@ def test_failed_writes_are_retried_on_the_next_tick():
     """A failed write leaves nothing remembered, so the next publish writes again."""
     cluster, clock = FakeNodeApi(), FakeClock()
     pub = Publisher(cluster, "n1", clock=clock)
-    topo = machine("hgx-h100")
+    topo = catalog_machine("hgx-h100")
     cluster.fail_next = True
     outcome = pub.publish(topo, _status())
     assert outcome.error and "HTTP 500" in outcome.error and cluster.spec_writes == 0

@@ -44,7 +44,7 @@ cuda.is_available = lambda: True
 cuda.device_count = lambda: 2
 cuda.is_initialized = lambda: state["initialized"]
 cuda.set_per_process_memory_fraction = _set
-if LAZY:
+if LAZY:  # torch's own private hook, which the shim calls where torch has it: the fake has it too
     cuda._lazy_call = _lazy_call
 cuda.initialise_for_test = _initialise
 """

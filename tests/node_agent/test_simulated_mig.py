@@ -11,7 +11,6 @@ import pytest
 
 from contract.allocation import decode_allocation
 from contract.keys import ALLOCATION_ANNOTATION
-from contract.resources import ResourceNames
 from extender.config import ExtenderConfig
 from extender.kube.in_memory import InMemoryCluster
 from extender.service import ExtenderService, handlers_for
@@ -29,17 +28,19 @@ from node_agent.sources.discovery import discover
 from node_agent.sources.nvml_simulated import SimulatedNvml
 from node_agent.sources.opening import open_sources
 from node_agent.sources.simulated_mig import MigLayoutError, carve
-from tests.node_agent.machines import FakeNodeApi, machine, topo_text
+from tests.node_agent.fakes import FakeNodeApi
+from tests.support.machines import catalog_machine, topo_text
+from tests.support.pods import pod_manifest
+from tests.support.resources import GPU, NAMES, SHARED, mig_resource
 from topology.model import MigMode
 
 pytestmark = pytest.mark.timeout(60)
 
-NAMES = ResourceNames()
 NODE = "sim-dgx-a100"
-MIG_1G = NAMES.mig_resource("1g.5gb")
+MIG_1G = mig_resource("1g.5gb")
 
 
-def dgx_a100(*extra: str, mig: str = "7=1g.5gb*7") -> AgentConfig:
+def simulated_dgx_a100(*extra: str, mig: str = "7=1g.5gb*7") -> AgentConfig:
     """The agent's configuration for a simulated DGX A100 (A100 40GB) with a MIG layout."""
     argv = ["--simulate", "dgx-a100", "--simulate-mig", mig, "--node-name", NODE, "--no-watchdog", *extra]
     return parse_args(argv, env={})
@@ -50,7 +51,7 @@ def dgx_a100(*extra: str, mig: str = "7=1g.5gb*7") -> AgentConfig:
 
 def test_the_option_reads_gpus_and_their_instances() -> None:
     """`--simulate-mig` gives each listed GPU its instances; `*N` repeats a profile."""
-    config = dgx_a100(mig="6=3g.20gb+2g.10gb+1g.5gb*2, 7=1g.5gb*7")
+    config = simulated_dgx_a100(mig="6=3g.20gb+2g.10gb+1g.5gb*2, 7=1g.5gb*7")
     assert config.simulate_mig == {
         6: ("3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"),
         7: ("1g.5gb",) * 7,
@@ -121,18 +122,18 @@ def test_each_model_fits_its_real_profiles_up_to_their_instance_counts(
 ) -> None:
     """A GPU holds as many instances of a profile as the real model, with the profile's memory,
     and refuses one more."""
-    sim = SimulatedNvml(machine(name), node_name="n1", mig_layout={3: (profile,) * count})
+    sim = SimulatedNvml(catalog_machine(name), node_name="n1", mig_layout={3: (profile,) * count})
     info = sim.mig(3)
     assert info.mode is MigMode.ENABLED
     assert [(m.profile, m.memory_mib) for m in info.devices] == [(profile, memory_mib)] * count
     with pytest.raises(MigLayoutError, match=f"at most {count} x {profile}"):
-        SimulatedNvml(machine(name), mig_layout={3: (profile,) * (count + 1)})
+        SimulatedNvml(catalog_machine(name), mig_layout={3: (profile,) * (count + 1)})
 
 
 def test_mixed_layouts_fit_where_the_real_placements_allow() -> None:
     """3g+2g+2g fits (the 3g goes to the upper half) and 4g+2g+1g fits; 4g+3g+1g needs 8 compute
     slices and 3g+3g+1g 9 memory slices, so neither does."""
-    gpu = SimulatedNvml(machine("dgx-a100")).gpus[0]
+    gpu = SimulatedNvml(catalog_machine("dgx-a100")).gpus[0]
     assert [m.profile for m in carve(gpu, ("3g.20gb", "2g.10gb", "2g.10gb"))] == [
         "2g.10gb",
         "2g.10gb",
@@ -149,9 +150,9 @@ def test_mig_uuids_are_real_looking_distinct_and_stable_per_node_and_gpu() -> No
     """MIG UUIDs have the driver's `MIG-<uuid>` form, differ between instances, GPUs and nodes, and
     are the same every time the same node starts."""
     layout = {6: ("1g.5gb",) * 7, 7: ("1g.5gb",) * 7}
-    first = SimulatedNvml(machine("dgx-a100"), node_name="n1", mig_layout=layout)
-    again = SimulatedNvml(machine("dgx-a100"), node_name="n1", mig_layout=layout)
-    other = SimulatedNvml(machine("dgx-a100"), node_name="n2", mig_layout=layout)
+    first = SimulatedNvml(catalog_machine("dgx-a100"), node_name="n1", mig_layout=layout)
+    again = SimulatedNvml(catalog_machine("dgx-a100"), node_name="n1", mig_layout=layout)
+    other = SimulatedNvml(catalog_machine("dgx-a100"), node_name="n2", mig_layout=layout)
     uuids = [m.uuid for i in (6, 7) for m in first.mig(i).devices]
     assert all(u.startswith("MIG-") and len(u) == 40 for u in uuids)
     assert len(set(uuids)) == 14
@@ -187,7 +188,7 @@ def _published(config: AgentConfig) -> tuple[Any, FakeNodeApi]:
 def test_discovery_lists_the_mig_instances_of_the_simulated_gpus() -> None:
     """Discovery of a DGX A100 started with GPU 7 as seven 1g.5gb instances finds GPU 7 in MIG
     mode with those seven instances and every other GPU whole."""
-    config = dgx_a100()
+    config = simulated_dgx_a100()
     sim = SimulatedNvml.from_machine("dgx-a100", node_name=NODE, mig_layout=config.simulate_mig)
     gpus = discover(sim, topo_text("dgx-a100")).topology.gpus
     assert gpus[7].mig_mode is MigMode.ENABLED
@@ -198,7 +199,7 @@ def test_discovery_lists_the_mig_instances_of_the_simulated_gpus() -> None:
 def test_the_published_gpu_topology_carries_the_mig_instances() -> None:
     """The GpuTopology the agent publishes, decoded by the contract's codec, has GPU 7's seven
     MIG instances with their UUIDs, profile and memory."""
-    config = dgx_a100()
+    config = simulated_dgx_a100()
     published, _ = _published(config)
     sim = SimulatedNvml.from_machine("dgx-a100", node_name=NODE, mig_layout=config.simulate_mig)
     gpu = published.topology.gpus[7]
@@ -210,28 +211,23 @@ def test_the_published_gpu_topology_carries_the_mig_instances() -> None:
 def test_the_device_plugin_offers_mig_instances_and_not_their_gpu() -> None:
     """The device plugin's inventory of the published node advertises nvidia.com/mig-1g.5gb with
     seven devices (the MIG UUIDs) and offers GPU 7 neither whole nor as share units."""
-    config = dgx_a100()
+    config = simulated_dgx_a100()
     published, _ = _published(config)
     inventory = Inventory.from_topology(published.topology, config.units_per_gpu, config.resources)
     gpu7 = published.topology.gpus[7]
-    assert inventory.resources == (NAMES.whole, NAMES.shared_units, MIG_1G)
+    assert inventory.resources == (GPU, SHARED, MIG_1G)
     assert [d.id for d in inventory.devices(MIG_1G)] == [m.uuid for m in gpu7.mig_devices]
-    whole = [d.id for d in inventory.devices(NAMES.whole)]
+    whole = [d.id for d in inventory.devices(GPU)]
     assert len(whole) == 7 and gpu7.uuid not in whole
-    shares = inventory.devices(NAMES.shared_units)
+    shares = inventory.devices(SHARED)
     assert len(shares) == 7 * config.units_per_gpu
     assert not [d for d in shares if d.id.startswith(gpu7.uuid)]
 
 
 def _pod(name: str, limits: dict[str, str]) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "resourceVersion": "1"},
-        "spec": {
-            "schedulerName": "linkpack",
-            "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}],
-        },
-        "status": {"phase": "Pending"},
-    }
+    return pod_manifest(
+        name, uid=f"uid-{name}", resource_version="1", limits=limits, limits_only=True, image="cuda"
+    )
 
 
 def _bind(service: ExtenderService, cluster: InMemoryCluster, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -248,7 +244,7 @@ def test_a_mig_pod_is_placed_on_an_instance_and_the_device_plugin_hands_it_out()
     """The extender binds a nvidia.com/mig-1g.5gb pod to the published node with a record naming
     one of GPU 7's instances, a 7-GPU pod gets GPUs 0-6, and the device plugin's allocator turns
     the MIG record into a container with NVIDIA_VISIBLE_DEVICES naming that MIG UUID."""
-    config = dgx_a100()
+    config = simulated_dgx_a100()
     published, _ = _published(config)
     gpu7 = published.topology.gpus[7]
     extender_config = ExtenderConfig()
@@ -264,7 +260,7 @@ def test_a_mig_pod_is_placed_on_an_instance_and_the_device_plugin_hands_it_out()
     assert grant.index == 7 and grant.uuid == gpu7.uuid
     assert grant.mig_uuid in {m.uuid for m in gpu7.mig_devices}
 
-    seven = _bind(service, cluster, _pod("seven", {NAMES.whole: "7"}))
+    seven = _bind(service, cluster, _pod("seven", {GPU: "7"}))
     whole = decode_allocation(seven["metadata"]["annotations"][ALLOCATION_ANNOTATION])
     assert sorted(g.index for g in whole.grants) == list(range(7))
 

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from node_agent.sources.smi_runner import SmiError, SmiNotFound, run_topo_matrix
-from tests.node_agent.machines import topo_text
+from tests.support.machines import topo_text
 
 
 def _runner(stdout: str = "", stderr: str = "", code: int = 0, raises: BaseException | None = None):

@@ -12,7 +12,8 @@ from contract.keys import ALLOCATION_ANNOTATION
 from node_agent.kube.node_api import PodInfo
 from node_agent.loop.watchdog import ProcessUse, Share, Watchdog, assess, pod_uid_from_cgroup, read_pod_uid
 from node_agent.sources.nvml_simulated import SimulatedNvml
-from tests.node_agent.machines import machine
+from tests.support.machines import catalog_machine
+from tests.support.pods import pod_info
 from topology.scheduling import GpuGrant
 
 MIB = 1024 * 1024
@@ -86,15 +87,8 @@ def test_assess_flags_only_pods_above_their_share():
 
 
 def _pod(uid: str, name: str, grants: tuple[GpuGrant, ...], node: str = "n1") -> PodInfo:
-    allocation = Allocation(node=node, grants=grants)
-    return PodInfo(
-        "ml",
-        name,
-        uid,
-        "7",
-        node,
-        "Running",
-        MappingProxyType({ALLOCATION_ANNOTATION: encode_allocation(allocation)}),
+    return pod_info(
+        name, uid=uid, node=node, resource_version="7", record=Allocation(node=node, grants=grants)
     )
 
 
@@ -109,7 +103,7 @@ def _proc_tree(tmp_path, pids: dict[int, str]):
 
 def test_watchdog_reports_each_episode_once_and_can_kill(tmp_path):
     """Each episode over the share is reported once, and its processes can be killed."""
-    sim = SimulatedNvml(machine("hgx-h100"))
+    sim = SimulatedNvml(catalog_machine("hgx-h100"))
     sim.set_process(2, 500, 3000 * MIB)
     sim.set_process(3, 501, 10 * MIB)
     proc = _proc_tree(tmp_path, {500: UID_A, 501: UID_B})
@@ -136,7 +130,7 @@ def test_watchdog_reports_each_episode_once_and_can_kill(tmp_path):
 
 def test_watchdog_without_kill_only_reports(tmp_path):
     """Without kill the watchdog only reports."""
-    sim = SimulatedNvml(machine("hgx-h100"))
+    sim = SimulatedNvml(catalog_machine("hgx-h100"))
     sim.set_process(0, 600, 9000 * MIB)
     pods = [_pod(UID_A, "p", (GpuGrant(0, "GPU-x", False, memory_mib=1024),))]
     calls: list[int] = []
@@ -148,7 +142,7 @@ def test_watchdog_without_kill_only_reports(tmp_path):
 
 def test_whole_gpus_mig_and_foreign_allocations_are_not_policed(tmp_path):
     """Whole GPUs, MIG instances and allocations for other nodes are not policed."""
-    sim = SimulatedNvml(machine("hgx-h100"))
+    sim = SimulatedNvml(catalog_machine("hgx-h100"))
     sim.set_process(0, 700, 80_000 * MIB)
     pods = [
         _pod(UID_A, "whole", (GpuGrant(0, "GPU-x", True),)),
@@ -163,7 +157,7 @@ def test_whole_gpus_mig_and_foreign_allocations_are_not_policed(tmp_path):
 
 def test_unkillable_process_is_a_warning(tmp_path):
     """A process that cannot be killed is a warning, not a failure."""
-    sim = SimulatedNvml(machine("hgx-h100"))
+    sim = SimulatedNvml(catalog_machine("hgx-h100"))
     sim.set_process(0, 800, 9000 * MIB)
     pods = [_pod(UID_A, "p", (GpuGrant(0, "GPU-x", False, memory_mib=1024),))]
 
@@ -188,7 +182,7 @@ def test_every_level_is_policed_at_the_records_cap_and_the_violation_names_the_l
     tmp_path, level: Enforcement, meaning: str
 ) -> None:
     """Whatever the record's enforcement level, the watchdog polices the record's memory cap and its violation says the level and what an overrun means there."""
-    sim = SimulatedNvml(machine("hgx-h100"))
+    sim = SimulatedNvml(catalog_machine("hgx-h100"))
     sim.set_process(4, 800, 2100 * MIB)
     grants = (GpuGrant(4, "GPU-x", False, memory_mib=2048, units=10),)
     allocation = Allocation(node="n1", grants=grants, enforcement=level)

@@ -13,7 +13,7 @@ import pytest
 from contract.allocation import Allocation, decode_consumption, encode_allocation
 from contract.keys import ALLOCATION_ANNOTATION, CONSUMED_ANNOTATION, CORDON_ANNOTATION
 from node_agent.config import AgentConfig
-from node_agent.deviceplugin._generated import deviceplugin_pb2 as api
+from node_agent.deviceplugin._generated import deviceplugin_pb2 as api  # the kubelet's messages
 from node_agent.kube.node_api import PodInfo
 from node_agent.loop.agent_loop import Agent
 from node_agent.metrics import AgentMetrics
@@ -21,9 +21,11 @@ from node_agent.sources.nvml_reader import XidEvent
 from node_agent.sources.nvml_simulated import SimulatedNvml
 from node_agent.sources.opening import open_sources, simulated_topo_text
 from node_agent.wiring import main, start_device_plugins
-from tests.node_agent.builders import WHOLE_GPU, app
 from tests.node_agent.fake_kubelet import FakeKubelet, plugin_stub, wait_until
-from tests.node_agent.machines import FakeClock, FakeNodeApi, machine, topo_text
+from tests.node_agent.fakes import FakeClock, FakeNodeApi
+from tests.support.device_plugin import app
+from tests.support.machines import catalog_machine, topo_text
+from tests.support.resources import GPU
 from topology.scheduling import GpuGrant
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _agent(tmp_path, **overrides):
     config = AgentConfig(node_name="n1", recheck_after_s=60, proc_root=tmp_path, **overrides)
-    sim = SimulatedNvml(machine("hgx-h100"), node_name="n1")
+    sim = SimulatedNvml(catalog_machine("hgx-h100"), node_name="n1")
     cluster = FakeNodeApi()
     text = topo_text("hgx-h100")
     return Agent(config, sim, cluster, AgentMetrics(), lambda: text, FakeClock()), sim, cluster
@@ -100,7 +102,7 @@ def test_device_plugins_serve_the_agents_gpus_follow_its_health_and_count(tmp_pa
         units_per_gpu=4,
     )
     gpus = agent.topology.gpus
-    record = Allocation("n1", (GpuGrant(6, gpus[6].uuid, True),), resources=((WHOLE_GPU, 1),))
+    record = Allocation("n1", (GpuGrant(6, gpus[6].uuid, True),), resources=((GPU, 1),))
     cluster.pods = [
         PodInfo(
             "ml",
@@ -110,7 +112,7 @@ def test_device_plugins_serve_the_agents_gpus_follow_its_health_and_count(tmp_pa
             "n1",
             "Running",
             MappingProxyType({ALLOCATION_ANNOTATION: encode_allocation(record)}),
-            (app("main", WHOLE_GPU, 1),),
+            (app("main", GPU, 1),),
         )
     ]
     kubelet = FakeKubelet(plugin_dir)
@@ -121,7 +123,7 @@ def test_device_plugins_serve_the_agents_gpus_follow_its_health_and_count(tmp_pa
     try:
         wait_until(lambda: len(kubelet.registered) == 2)
         assert sorted(p.name for p in shim.iterdir()) == ["linkpack_shim.py", "sitecustomize.py"]
-        channel, client = plugin_stub(plugin_dir, WHOLE_GPU)
+        channel, client = plugin_stub(plugin_dir, GPU)
         with channel:
             stream = client.ListAndWatch(api.Empty(), timeout=30)
             first = next(stream)

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support import machines
 from topology.catalog import load_machine, synthetic_dgx2
 from topology.codec import SCHEMA_VERSION, CodecError, content_hash, decode_topology, encode_topology
 from topology.model import Gpu, GpuLink, LinkKind, MigDevice, MigMode, Nic, NicLink, NodeTopology
@@ -18,7 +19,7 @@ from topology.model import Gpu, GpuLink, LinkKind, MigDevice, MigMode, Nic, NicL
 
 @pytest.fixture(scope="module")
 def dgx_a100() -> NodeTopology:
-    return load_machine("dgx-a100")
+    return machines.dgx_a100()
 
 
 def test_dgx_a100_round_trips_exactly_through_json_text(dgx_a100: NodeTopology) -> None:

@@ -54,7 +54,7 @@ def _warm(spec: dict[str, Any]) -> None:
     """Decode the shape twice so that it has a template."""
     for _ in range(2):
         codec_memo.decode_with_hash(json.loads(json.dumps(spec)))
-    assert codec_memo._templates, "the shape should have a template"
+    assert codec_memo.memo_size().templates, "the shape should have a template"
 
 
 @pytest.mark.parametrize("name", sorted(MACHINES))
@@ -64,7 +64,7 @@ def test_every_catalog_machine_decodes_as_the_full_decode_on_every_sighting(name
     for node in range(10):
         spec = _spec(MACHINES[name], node)
         assert _outcome(codec_memo.decode_with_hash, spec) == _outcome(decode_with_hash, spec)
-    assert len(codec_memo._templates) == 1
+    assert codec_memo.memo_size().templates == 1
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
@@ -150,7 +150,7 @@ def test_a_shape_whose_text_holds_the_identity_mark_gets_no_template() -> None:
     for node in range(3):
         spec = _spec(marked, node)
         assert _outcome(codec_memo.decode_with_hash, spec) == _outcome(decode_with_hash, spec)
-    assert not codec_memo._templates
+    assert codec_memo.memo_size().templates == 0
 
 
 def test_the_memo_keeps_at_most_its_limit_of_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,7 +161,7 @@ def test_the_memo_keeps_at_most_its_limit_of_shapes(monkeypatch: pytest.MonkeyPa
         for name in names:
             spec = _spec(MACHINES[name], round_no)
             assert _outcome(codec_memo.decode_with_hash, spec) == _outcome(decode_with_hash, spec)
-    assert len(codec_memo._templates) == 2
+    assert codec_memo.memo_size().templates == 2
 
 
 def test_keys_seen_once_are_forgotten_beyond_their_limit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -173,4 +173,5 @@ def test_keys_seen_once_are_forgotten_beyond_their_limit(monkeypatch: pytest.Mon
         unique = replace(base, gpus=tuple(replace(g, model=f"model-{node}") for g in base.gpus))
         spec = _spec(unique, node)
         assert _outcome(codec_memo.decode_with_hash, spec) == _outcome(decode_with_hash, spec)
-    assert not codec_memo._templates and len(codec_memo._seen) <= 5
+    size = codec_memo.memo_size()
+    assert size.templates == 0 and size.seen <= 5

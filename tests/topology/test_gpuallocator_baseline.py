@@ -13,9 +13,8 @@ from bench.gpuallocator_baseline import (
     scores_from_links,
     scores_from_topology,
 )
+from tests.support.machines import DGX1_V100_NVLINKS, a100_pcie_nv12_pairs, dgx1_v100, hgx_h100
 from topology.model import LinkKind
-
-from .machines import DGX1_VOLTA_NVLINKS, dgx1_volta, hgx_h100, pcie_pairs
 
 Pair = tuple[int, int]
 
@@ -30,7 +29,7 @@ def _halves(count: int, within: dict[Pair, LinkKind], otherwise: LinkKind) -> di
 
 
 PIX_SIBLINGS_VOLTA = {p: LinkKind.PIX for p in [(0, 1), (2, 3), (4, 5), (6, 7)]}
-DGX1_VOLTA_SCORES = scores_from_links(8, _halves(8, PIX_SIBLINGS_VOLTA, LinkKind.PHB), DGX1_VOLTA_NVLINKS)
+DGX1_VOLTA_SCORES = scores_from_links(8, _halves(8, PIX_SIBLINGS_VOLTA, LinkKind.PHB), DGX1_V100_NVLINKS)
 
 PASCAL_NV1 = [(0, 1), (0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 5), (2, 3)]
 PASCAL_NV1 += [(2, 6), (3, 7), (4, 5), (4, 6), (4, 7), (5, 6), (5, 7), (6, 7)]
@@ -136,7 +135,7 @@ def test_scores_from_a_parsed_topology() -> None:
     # NVSwitch hides NVLink from go-gpuallocator: only the NUMA-approximated PCIe level is left.
     h100 = scores_from_topology(hgx_h100())
     assert (h100[0][1], h100[0][5]) == (20, 10)
-    pairs = scores_from_topology(pcie_pairs())
+    pairs = scores_from_topology(a100_pcie_nv12_pairs())
     assert (pairs[0][2], pairs[0][1], pairs[0][4]) == (1220, 10, 10)
-    volta = scores_from_topology(dgx1_volta())
+    volta = scores_from_topology(dgx1_v100())
     assert (volta[0][3], volta[0][4]) == (220, 210)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import networkx as nx
 import pytest
 
+from tests.support import machines
 from topology.bandwidth import link_bandwidth
 from topology.catalog import load_machine, synthetic_dgx2
 from topology.graph import build_graph, fabric_view, pair_bandwidth
@@ -13,7 +14,7 @@ from topology.model import LinkKind, NodeTopology
 
 @pytest.fixture(scope="module")
 def dgx_a100() -> NodeTopology:
-    return load_machine("dgx-a100")
+    return machines.dgx_a100()
 
 
 def vertices_of_type(graph: nx.Graph, kind: str) -> list[str]:

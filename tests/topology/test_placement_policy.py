@@ -6,11 +6,10 @@ from dataclasses import replace
 
 import pytest
 
+from tests.support.machines import hgx_h100, rtx3090_two_socket, state
 from topology.accounting import with_grants
 from topology.placement import place
 from topology.scheduling import GpuShare, Misfit, MisfitReason, NodeState, Placement, Policy, WholeGpus
-
-from .machines import hgx_h100, state, two_socket_pcie
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -22,7 +21,7 @@ def _empty(topology) -> NodeState:  # type: ignore[no-untyped-def]
 def test_a_model_outside_the_policy_is_never_used() -> None:
     """A policy allowing only H100s refuses a node of 3090s for good, naming both."""
     policy = Policy("h100-only", allowed_models=("NVIDIA H100 80GB HBM3",))
-    outcome = place(_empty(two_socket_pcie()), WholeGpus(1), policy)
+    outcome = place(_empty(rtx3090_two_socket()), WholeGpus(1), policy)
     assert isinstance(outcome, Misfit) and outcome.reason is MisfitReason.MODEL_NOT_ALLOWED
     assert not outcome.resolvable and "h100-only" in outcome.message
     hgx = hgx_h100()
@@ -35,7 +34,7 @@ def test_a_model_outside_the_policy_is_never_used() -> None:
 def test_nvswitch_required_refuses_pcie_nodes() -> None:
     """Requiring NVSwitch makes a PCIe node unresolvable and leaves an NVSwitch node as it was."""
     policy = Policy("fabric", require_nvswitch=True)
-    outcome = place(_empty(two_socket_pcie()), WholeGpus(2), policy)
+    outcome = place(_empty(rtx3090_two_socket()), WholeGpus(2), policy)
     assert (
         isinstance(outcome, Misfit) and outcome.reason is MisfitReason.NO_NVSWITCH and not outcome.resolvable
     )
@@ -45,7 +44,7 @@ def test_nvswitch_required_refuses_pcie_nodes() -> None:
 def test_same_numa_keeps_a_set_inside_one_socket() -> None:
     """On two sockets of four GPUs, 4 GPUs fit in one socket; once a GPU of each socket is taken,
     a 4-GPU set would have to cross sockets, which the policy refuses (resolvable: it may free up)."""
-    topology = two_socket_pcie()
+    topology = rtx3090_two_socket()
     policy = Policy("numa", require_same_numa=True)
     found = place(_empty(topology), WholeGpus(4), policy)
     assert isinstance(found, Placement)

@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from extender.config import ExtenderConfig
+from tests.support.machines import a100_pcie_nv12_pairs, hgx_h100, state
 from topology.placement import place
 from topology.scheduling import GpuShare, GpuUsage, NodeState, Placement, Policy, Request, WholeGpus
 from topology.scoring import Ranking, RawTerms, combine, default_fragmentation, node_terms, rank_nodes
-
-from .machines import hgx_h100, pcie_pairs, state
 
 BALANCED = ExtenderConfig().policy(None) or Policy()
 
@@ -38,9 +37,9 @@ def test_the_default_policy_is_balanced_with_equal_weights() -> None:
 
 
 def test_a_one_gpu_pod_prefers_an_unpaired_gpu_to_breaking_an_nvlink_pair() -> None:
-    # pcie_pairs bridges (0,2), (1,3), (4,5), (6,7) with NV12
-    odd = state(pcie_pairs(), used=(1, 3, 4, 6, 7), name="odd-one-out")  # free 0, 2 (a pair) and 5
-    pair = state(pcie_pairs(), used=(1, 3, 4, 5, 6, 7), name="last-pair")  # free 0, 2 only
+    # a100_pcie_nv12_pairs bridges (0,2), (1,3), (4,5), (6,7) with NV12
+    odd = state(a100_pcie_nv12_pairs(), used=(1, 3, 4, 6, 7), name="odd-one-out")  # free 0, 2 (a pair) and 5
+    pair = state(a100_pcie_nv12_pairs(), used=(1, 3, 4, 5, 6, 7), name="last-pair")  # free 0, 2 only
     ranking = ranked([pair, odd], WholeGpus(1))
     scores = by_name(ranking)
     assert ranking.details("odd-one-out").placement.gpus == (5,)  # type: ignore[union-attr]
@@ -55,9 +54,9 @@ def test_a_one_gpu_pod_prefers_an_unpaired_gpu_to_breaking_an_nvlink_pair() -> N
 
 
 def test_the_link_term_does_not_favour_an_empty_node() -> None:
-    empty = state(pcie_pairs(), name="empty")
-    partly = state(pcie_pairs(), used=(0, 1, 3), name="partly-used")  # free 2 (unpaired), 4-7
-    last_pair = state(pcie_pairs(), used=(1, 3, 4, 5, 6, 7), name="last-pair")
+    empty = state(a100_pcie_nv12_pairs(), name="empty")
+    partly = state(a100_pcie_nv12_pairs(), used=(0, 1, 3), name="partly-used")  # free 2 (unpaired), 4-7
+    last_pair = state(a100_pcie_nv12_pairs(), used=(1, 3, 4, 5, 6, 7), name="last-pair")
     for request in (WholeGpus(1), GpuShare(units=50)):
         links = {r.node: r.link for r in ranked([empty, partly, last_pair], request)}
         assert links["empty"] <= links["partly-used"]
@@ -94,7 +93,7 @@ def test_a_share_fills_a_sliver_rather_than_opening_a_fresh_gpu() -> None:
 def test_a_multi_gpu_pod_prefers_the_better_connected_set() -> None:
     used = (0, 1, 4, 6)  # same usage on both, so fragmentation and packing agree
     nvswitch = state(hgx_h100(), used=used, name="nvswitch")
-    broken_pairs = state(pcie_pairs(), used=used, name="broken-pairs")  # only SYS pairs left
+    broken_pairs = state(a100_pcie_nv12_pairs(), used=used, name="broken-pairs")  # only SYS pairs left
     scores = by_name(ranked([broken_pairs, nvswitch], WholeGpus(2)))
     assert scores["nvswitch"][2] == 1.0 > scores["broken-pairs"][2]
     assert scores["nvswitch"][1] > scores["broken-pairs"][1]
@@ -104,8 +103,8 @@ def test_a_multi_gpu_pod_prefers_the_better_connected_set() -> None:
 def test_duplicate_candidates_do_not_change_a_score() -> None:
     nodes = [
         state(hgx_h100(), name="a"),
-        state(pcie_pairs(), used=(0,), name="b"),
-        state(pcie_pairs(), used=(0, 2, 4), name="c"),
+        state(a100_pcie_nv12_pairs(), used=(0,), name="b"),
+        state(a100_pcie_nv12_pairs(), used=(0, 2, 4), name="c"),
     ]
     frag = default_fragmentation()
     for request in (WholeGpus(1), WholeGpus(2), GpuShare(units=30)):
@@ -132,8 +131,8 @@ def test_with_cpu_known_a_node_whose_cpu_would_run_out_scores_lower() -> None:
 
     # typical pods: one whole GPU with 8 CPUs; both nodes have 4 idle GPUs
     workload = (TypicalRequest(gpu_milli=1000, gpu_count=1, cpu_milli=8000, memory_mib=0, probability=1.0),)
-    starved = state(pcie_pairs(), used=(0, 1, 2, 3), name="cpu-starved")
-    roomy = state(pcie_pairs(), used=(0, 1, 2, 3), name="cpu-roomy")
+    starved = state(a100_pcie_nv12_pairs(), used=(0, 1, 2, 3), name="cpu-starved")
+    roomy = state(a100_pcie_nv12_pairs(), used=(0, 1, 2, 3), name="cpu-roomy")
     request = WholeGpus(1)
     pod_cpu = 4000
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.machines import a100_pcie_nv12_pairs, a100_sxm_mig_pair, hgx_h100, state
 from topology.fragmentation import TypicalRequest
 from topology.model import Gpu, NodeTopology
 from topology.placement import apply_placement, place
 from topology.scheduling import GpuShare, GpuUsage, Misfit, MisfitReason, NodeState, Placement
 from topology.share_placement import place_share
-
-from .machines import a100_mig, hgx_h100, pcie_pairs, state
 
 
 def with_usage(node: NodeState, index: int, memory_mib: int = 0, units: int = 0) -> NodeState:
@@ -39,7 +38,7 @@ def test_the_grant_carries_exactly_the_share_asked() -> None:
 
 
 def test_an_idle_gpu_for_a_share_is_the_one_that_breaks_no_nvlink_pair() -> None:
-    node = state(pcie_pairs(), used=(0,))
+    node = state(a100_pcie_nv12_pairs(), used=(0,))
     assert share_gpu(node, GpuShare(units=10)) == 2
 
 
@@ -77,7 +76,7 @@ def test_filling_a_node_with_shares_never_exceeds_memory_or_units() -> None:
 def test_whole_gpus_and_mig_gpus_never_take_shares() -> None:
     node = state(hgx_h100(), used=range(7))
     assert share_gpu(node, GpuShare(units=10)) == 7
-    mig = place(state(a100_mig()), GpuShare(units=10))
+    mig = place(state(a100_sxm_mig_pair()), GpuShare(units=10))
     assert isinstance(mig, Misfit) and mig.reason is MisfitReason.NO_GPUS
 
 

@@ -1,14 +1,19 @@
-"""Named hardware for tests, built by hand from link lists (no parser involved).
+"""Named GPU machines for tests, one builder per machine, named for the hardware.
 
-Each builder returns the `NodeTopology` of one well-known machine; GPU UUIDs are
-"GPU-<machine>-<index>" so tests can check grants.
+Most are built by hand from link lists (no parser involved); their GPU UUIDs are
+"GPU-<prefix>-<index>", the prefix defaulting to the machine's name, so tests can check grants
+(machines sharing one in-memory cluster take distinct prefixes). `catalog_machine(name)` and
+`topo_text(name)` give the topology catalog's machines, parsed from real `nvidia-smi topo -m`
+captures (`topology.catalog`). `state()` is a node's scheduling state on a machine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from itertools import combinations
 
+from topology.catalog import MACHINES, load_machine, topo_dir
 from topology.model import Gpu, GpuLink, LinkKind, MigDevice, MigMode, Nic, NicLink, NodeTopology
 from topology.scheduling import GpuUsage, NodeState
 
@@ -25,6 +30,7 @@ def build(
     nvswitch: bool = False,
     nics: Iterable[tuple[str, Callable[[int], LinkKind]]] = (),
 ) -> NodeTopology:
+    """`count` GPUs "GPU-<name>-<index>", linked pairwise as `link_of` says."""
     gpus = tuple(
         Gpu(index=i, uuid=f"GPU-{name}-{i}", model=model, memory_mib=memory_mib, numa_node=numa_of(i))
         for i in range(count)
@@ -60,26 +66,28 @@ def _same_half_or_sys(same: LinkKind, count: int = 8) -> Callable[[int, int], Li
     return lambda a, b: same if (a < count // 2) == (b < count // 2) else LinkKind.SYS
 
 
+# ---------------------------------------------------------------------- built by hand
+
 # NVLink widths of the DGX-1 Volta hybrid cube mesh (go-gpuallocator's test node).
-DGX1_VOLTA_NVLINKS: dict[Pair, int] = {
+DGX1_V100_NVLINKS: dict[Pair, int] = {
     **{p: 2 for p in [(0, 3), (0, 4), (1, 2), (1, 5), (2, 3), (4, 7), (5, 6), (6, 7)]},
     **{p: 1 for p in [(0, 1), (0, 2), (1, 3), (2, 6), (3, 7), (4, 5), (4, 6), (5, 7)]},
 }
 
 
-def dgx1_volta() -> NodeTopology:
+def dgx1_v100() -> NodeTopology:
     """DGX-1 with 8x V100 SXM2: NV1/NV2 hybrid cube mesh, two sockets, SYS between halves."""
     return build(
         "dgx1v",
         8,
         "Tesla V100-SXM2-32GB",
         32768,
-        _nv_table(DGX1_VOLTA_NVLINKS, _same_half_or_sys(LinkKind.PHB)),
+        _nv_table(DGX1_V100_NVLINKS, _same_half_or_sys(LinkKind.PHB)),
         _half(8),
     )
 
 
-def hgx_h100(with_nics: bool = False) -> NodeTopology:
+def hgx_h100(uuid_prefix: str = "hgx-h100", *, with_nics: bool = False) -> NodeTopology:
     """HGX H100 8-GPU: NV18 to every peer through NVSwitch; GPUs 0-3 on NUMA 0, 4-7 on NUMA 1.
 
     With `with_nics`, NIC0..NIC3 ("mlx5_0".."mlx5_3") each sit behind the PCIe switch of a GPU
@@ -95,7 +103,7 @@ def hgx_h100(with_nics: bool = False) -> NodeTopology:
         return (f"mlx5_{pair}", kind)
 
     return build(
-        "hgx-h100",
+        uuid_prefix,
         8,
         "NVIDIA H100 80GB HBM3",
         81559,
@@ -106,7 +114,7 @@ def hgx_h100(with_nics: bool = False) -> NodeTopology:
     )
 
 
-def pcie_pairs() -> NodeTopology:
+def a100_pcie_nv12_pairs() -> NodeTopology:
     """8x A100 PCIe with NV12 bridges on (0,2), (1,3), (4,5), (6,7); everything else SYS."""
     bridges = {(0, 2): 12, (1, 3): 12, (4, 5): 12, (6, 7): 12}
     return build(
@@ -119,10 +127,10 @@ def pcie_pairs() -> NodeTopology:
     )
 
 
-def two_socket_pcie() -> NodeTopology:
+def rtx3090_two_socket(uuid_prefix: str = "rtx3090") -> NodeTopology:
     """8x RTX 3090 on two sockets: NODE within a socket, SYS across, no NVLink."""
     return build(
-        "rtx3090",
+        uuid_prefix,
         8,
         "NVIDIA GeForce RTX 3090",
         24576,
@@ -131,19 +139,19 @@ def two_socket_pcie() -> NodeTopology:
     )
 
 
-def all_sys_two_socket() -> NodeTopology:
+def rtx4090_two_socket_all_sys() -> NodeTopology:
     """8x RTX 4090 where every pair is SYS (go-gpuallocator #17); NUMA alone separates sockets."""
     return build("rtx4090", 8, "NVIDIA GeForce RTX 4090", 24564, lambda a, b: (LinkKind.SYS, 0), _half(8))
 
 
-def dgx2_volta() -> NodeTopology:
+def dgx2_v100() -> NodeTopology:
     """DGX-2: 16x V100 SXM3 behind NVSwitch (NV6 to every peer), two sockets."""
     return build(
         "dgx2", 16, "Tesla V100-SXM3-32GB", 32768, lambda a, b: (LinkKind.NV, 6), _half(16), nvswitch=True
     )
 
 
-def a100_mig(profiles: Iterable[str] = ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")) -> NodeTopology:
+def a100_sxm_mig_pair(profiles: Iterable[str] = ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")) -> NodeTopology:
     """2x A100 80GB SXM, NV12, both in MIG mode with the same instances carved."""
     gpus = []
     for i in range(2):
@@ -162,6 +170,46 @@ def a100_mig(profiles: Iterable[str] = ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10g
             )
         )
     return NodeTopology(gpus=tuple(gpus), gpu_links=(GpuLink(0, 1, LinkKind.NV, 12),))
+
+
+# ---------------------------------------------------------------------- from the catalog
+
+
+def catalog_machine(name: str) -> NodeTopology:
+    """A catalog machine ("dgx-a100", "hgx-h100", ...) parsed from its `topo -m` capture."""
+    return load_machine(name)
+
+
+def topo_text(name: str) -> str:
+    """The `nvidia-smi topo -m` capture of a catalog machine."""
+    return (topo_dir() / MACHINES[name].file).read_text()
+
+
+def dgx_a100() -> NodeTopology:
+    """DGX A100 (8x A100 SXM4 40GB, NVSwitch, 10 NICs, four NUMA nodes), from the catalog."""
+    return catalog_machine("dgx-a100")
+
+
+def dgx_a100_with_mig() -> NodeTopology:
+    """A DGX A100 whose GPU 7 is in MIG mode with seven 1g.10gb instances (UUIDs in the driver's
+    format, memory filled in where the capture has none)."""
+    base = dgx_a100()
+    gpus = []
+    for g in base.gpus:
+        g = replace(
+            g, uuid=f"GPU-0000000{g.index}-aaaa-bbbb-cccc-dddddddddddd", memory_mib=g.memory_mib or 81920
+        )
+        if g.index == 7:
+            migs = tuple(
+                MigDevice(f"MIG-0000000{k}-aaaa-bbbb-cccc-eeeeeeeeeeee", "1g.10gb", k + 7, 0, 9728)
+                for k in range(7)
+            )
+            g = replace(g, mig_mode=MigMode.ENABLED, mig_devices=migs)
+        gpus.append(g)
+    return replace(base, gpus=tuple(gpus))
+
+
+# ---------------------------------------------------------------------- scheduling state
 
 
 def state(

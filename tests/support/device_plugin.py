@@ -1,4 +1,5 @@
-"""Small builders for device-plugin tests: a node inventory, pods and their allocation records."""
+"""A node as its device plugin sees it: the inventory, GPU grants, and pods bound to the node with
+their allocation records (`BoundPod`)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,13 @@ from contract.pods import PodRef
 from contract.resources import ResourceNames
 from node_agent.deviceplugin.inventory import Inventory, MigInstance, NodeGpu
 from node_agent.deviceplugin.record_store import BoundPod
+from tests.support.resources import GPU, NAMES, SHARED, mig_resource
 from topology.scheduling import GpuGrant
 
 GPU_MEMORY_MIB = 81920
 MIG_PROFILE = "1g.10gb"
-NAMES = ResourceNames()
-WHOLE_GPU = NAMES.whole
-SHARED_GPU = NAMES.shared_units
-MIG_GPU = NAMES.mig_resource(MIG_PROFILE)
+#: the resource the inventory's MIG instances are advertised as
+MIG_GPU = mig_resource(MIG_PROFILE)
 
 
 def uuid(i: int) -> str:
@@ -79,7 +79,7 @@ def enforcement_of(grants: tuple[GpuGrant, ...]) -> Enforcement:
     return Enforcement.NONE if all(g.whole for g in grants) else Enforcement.COOPERATIVE
 
 
-def pod(
+def bound_pod(
     name: str,
     grants: tuple[GpuGrant, ...] | None,
     containers: tuple[ContainerDemand, ...] | None = None,
@@ -116,7 +116,7 @@ def pod(
 def _resource_of(grants: tuple[GpuGrant, ...]) -> str:
     if grants[0].mig_uuid:
         return MIG_GPU
-    return WHOLE_GPU if grants[0].whole else SHARED_GPU
+    return GPU if grants[0].whole else SHARED
 
 
 def _amount_of(grants: tuple[GpuGrant, ...]) -> int:

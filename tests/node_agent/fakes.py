@@ -1,4 +1,4 @@
-"""Catalog machines with their `topo -m` text, a recording `NodeApi` fake and a settable clock."""
+"""A recording `NodeApi` fake and a settable clock for the node agent's tests."""
 
 from __future__ import annotations
 
@@ -15,18 +15,8 @@ from contract.gpu_topology import (
     topology_object,
 )
 from node_agent.kube.node_api import AgentEvent, KubeConflict, KubeError, KubeNotFound, NodeMetadata, PodInfo
-from topology.catalog import MACHINES, load_machine, topo_dir
 from topology.codec import content_hash
 from topology.model import NodeTopology
-
-
-def topo_text(name: str) -> str:
-    """The `nvidia-smi topo -m` capture of a catalog machine."""
-    return (topo_dir() / MACHINES[name].file).read_text()
-
-
-def machine(name: str) -> NodeTopology:
-    return load_machine(name)
 
 
 class FakeNodeApi:
