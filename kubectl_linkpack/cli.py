@@ -17,10 +17,10 @@ from typing import TextIO
 from contract.keys import DEFAULT_NAMESPACE
 from contract.resources import ResourceConfigError, ResourceNames, units_per_gpu_from_env
 from kubectl_linkpack.cluster_reader import EXTENDER_SERVICE, ClusterReader, KubeReader
+from kubectl_linkpack.decoded import NodeCordons, cordons_by_node, ledgers_from, node_report, pod_allocations
 from kubectl_linkpack.errors import PluginError
 from kubectl_linkpack.explain_view import decode_explanation, format_explain
 from kubectl_linkpack.policies_view import format_policies, policy_rows
-from kubectl_linkpack.snapshot import NodeCordons, facts_by_name, ledgers_from, node_record, pod_allocations
 from kubectl_linkpack.views import format_nodes, format_pods, format_topo, ledger_warning
 
 URL_ENV = "LINKPACK_EXTENDER_URL"
@@ -116,11 +116,11 @@ def _nodes(reader: ClusterReader, out: TextIO, now: dt.datetime, units: int) -> 
     notes: list[str] = []
     facts: dict[str, NodeCordons] | None
     try:
-        facts = facts_by_name(reader.nodes()) if topologies else {}
+        facts = cordons_by_node(reader.nodes()) if topologies else {}
     except PluginError as exc:
         facts = None
         notes.append(f"{exc}; cordoned GPUs and unschedulable nodes are not shown")
-    records = [node_record(obj, facts, ledgers, units, errors) for obj in topologies]
+    records = [node_report(obj, facts, ledgers, units, errors) for obj in topologies]
     print(format_nodes(records, ledgers, now, errors, notes), file=out)
     return 0
 
@@ -133,7 +133,7 @@ def _topo(reader: ClusterReader, out: TextIO, node: str, units: int) -> int:
     facts: dict[str, NodeCordons] | None
     try:
         node_obj = reader.node(node)
-        facts = facts_by_name([node_obj] if node_obj is not None else [])
+        facts = cordons_by_node([node_obj] if node_obj is not None else [])
     except PluginError as exc:
         facts = None
         notes.append(f"{exc}; cordoned GPUs are not shown")
@@ -142,7 +142,7 @@ def _topo(reader: ClusterReader, out: TextIO, node: str, units: int) -> int:
         ledgers, errors = ledgers_from([ledger_obj] if ledger_obj is not None else [])
     except PluginError as exc:
         ledgers, errors = {}, {node: str(exc)}
-    record = node_record(obj, facts, ledgers, units, errors)
+    record = node_report(obj, facts, ledgers, units, errors)
     if record.published is None:
         raise PluginError(record.error)
     print(format_topo(record), file=out)

@@ -7,7 +7,7 @@ explanation of one pod. `KubeReader` implements it with the `kubernetes` client 
 extender named by URL; otherwise `explain` goes through the API server's service proxy.
 
 Objects come back as plain JSON (what `kubectl get -o json` prints), to be decoded by the pure
-`kubectl_linkpack.snapshot`. Every failure of the client, the network or the credentials leaves
+`kubectl_linkpack.decoded`. Every failure of the client, the network or the credentials leaves
 this module as a `PluginError` naming what was being read; nothing else escapes it.
 """
 

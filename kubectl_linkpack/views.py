@@ -1,4 +1,4 @@
-"""`nodes`, `topo` and `pods` as text, from the frozen records of `kubectl_linkpack.snapshot`. Pure.
+"""`nodes`, `topo` and `pods` as text, from the frozen records of `kubectl_linkpack.decoded`. Pure.
 
 A GPU's state is one word of `topology.gpu_status` (the extender's debug page uses the same
 words), read from the `NodeState` that `contract.node_state` built, so a GPU cordoned by the
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from contract.keys import ledger_name
 from contract.ledger import Ledger
 from contract.resources import ResourceNames
-from kubectl_linkpack.snapshot import NodeRecord, PodAllocation
+from kubectl_linkpack.decoded import NodeReport, PodAllocation
 from kubectl_linkpack.tables import age, gib, share_text, table
 from topology.gpu_status import GPU_STATUSES, gpu_status, model_of
 from topology.graph import build_graph, gpu_vertex, nic_vertex
@@ -28,7 +28,7 @@ NO_ALLOCATIONS = "No GPU allocations found."
 
 
 def format_nodes(
-    records: Sequence[NodeRecord],
+    records: Sequence[NodeReport],
     ledgers: Mapping[str, Ledger],
     now: dt.datetime,
     ledger_errors: Mapping[str, str] | None = None,
@@ -88,7 +88,7 @@ def ledger_warning(node: str, error: str) -> str:
     return f"ledger ConfigMap {ledger_name(node)} is unreadable: {error}"
 
 
-def _health_cell(record: NodeRecord) -> str:
+def _health_cell(record: NodeReport) -> str:
     """Why GPUs of this node are out of service, in short; details follow the table."""
     parts = [f"GPU{h.index}: {h.reason or 'unhealthy'}" for h in record.health if not h.healthy]
     if record.unschedulable:
@@ -104,7 +104,7 @@ def _health_cell(record: NodeRecord) -> str:
     return "; ".join(parts) or "ok"
 
 
-def _node_problems(record: NodeRecord) -> list[str]:
+def _node_problems(record: NodeReport) -> list[str]:
     """What needs an operator's attention beyond the health column (printed as warnings)."""
     return [*record.cordon_problems, *(f"ledger overcommits: {o.detail}" for o in record.overcommits)]
 
@@ -123,7 +123,7 @@ Legend (numbers are GB/s per direction, estimated from the GPU model and the lin
   SYS   = across NUMA nodes (the socket interconnect)"""
 
 
-def format_topo(record: NodeRecord) -> str:
+def format_topo(record: NodeReport) -> str:
     """`kubectl linkpack topo NODE`: the link matrix with Linkpack's kinds and bandwidth, then what
     each GPU is doing and what keeps GPUs out of new placements."""
     if record.published is None or record.state is None:
@@ -171,7 +171,7 @@ def _cell(kind: LinkKind, nvlinks: int, bandwidth: float) -> str:
     return f"{label} {bandwidth:.3g}"
 
 
-def _gpu_text(record: NodeRecord, state: NodeState, position: int) -> str:
+def _gpu_text(record: NodeReport, state: NodeState, position: int) -> str:
     """`whole`, `shared (...)`, `unhealthy (reason)`, `cordoned; still held: ...` for one GPU."""
     usage = state.usage[position]
     gpu = state.topology.gpus[position]
@@ -202,7 +202,7 @@ def _use_text(state: NodeState, position: int) -> str:
     )
 
 
-def _topo_notes(record: NodeRecord) -> Iterable[str]:
+def _topo_notes(record: NodeReport) -> Iterable[str]:
     if record.unschedulable:
         yield "Node is unschedulable (kubectl cordon): no GPU of it takes new pods."
     if record.node_missing:

@@ -171,7 +171,7 @@ def unreadable_fault(detail: str, gpu_lost: bool) -> Fault:
 
 
 @dataclass(frozen=True, slots=True)
-class HealthPolicy:
+class HealthRules:
     recheck_after_s: float = 300.0
     fatal_recheck_after_s: float | None = None  # None: FATAL never recovers on its own
     ecc: EccThresholds = EccThresholds()
@@ -222,21 +222,21 @@ class HealthTracker:
     def __init__(
         self,
         gpus: Sequence[tuple[int, str]],
-        policy: HealthPolicy | None = None,
+        policy: HealthRules | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.policy = policy or HealthPolicy()
+        self.policy = policy or HealthRules()
         self._clock = clock
         now = clock()
         self._state = {index: GpuHealth(index, uuid, since=now) for index, uuid in gpus}
 
-    def snapshot(self) -> tuple[GpuHealth, ...]:
+    def current(self) -> tuple[GpuHealth, ...]:
         return tuple(self._state[i] for i in sorted(self._state))
 
     def get(self, index: int) -> GpuHealth:
         return self._state[index]
 
-    def record_fault(self, index: int, fault: Fault) -> HealthChange | None:
+    def apply_fault(self, index: int, fault: Fault) -> HealthChange | None:
         """Apply a fault. Faults that do not mark a GPU unhealthy change nothing."""
         if index not in self._state or not fault.severity.marks_unhealthy:
             return None
@@ -270,22 +270,22 @@ class HealthTracker:
 
     def observe_xid(self, event: XidEvent) -> tuple[Fault, HealthChange | None]:
         fault = event_fault(event, self.policy.xid_overrides)
-        return fault, self.record_fault(event.gpu_index, fault)
+        return fault, self.apply_fault(event.gpu_index, fault)
 
-    def record_ecc(self, index: int, counts: EccCounts) -> HealthChange | None:
+    def observe_ecc(self, index: int, counts: EccCounts) -> HealthChange | None:
         fault = ecc_fault(counts, self.policy.ecc)
-        return self.record_fault(index, fault) if fault is not None else None
+        return self.apply_fault(index, fault) if fault is not None else None
 
     def due_for_recheck(self) -> tuple[int, ...]:
         """Unhealthy GPUs whose re-check time has come."""
         now = self._clock()
         return tuple(
             h.index
-            for h in self.snapshot()
+            for h in self.current()
             if not h.healthy and h.next_recheck is not None and h.next_recheck <= now
         )
 
-    def record_recheck(self, index: int, passed: bool, detail: str = "") -> HealthChange | None:
+    def observe_recheck(self, index: int, passed: bool, detail: str = "") -> HealthChange | None:
         """The outcome of re-checking a GPU: back to healthy, or wait another period."""
         cur = self._state.get(index)
         if cur is None or cur.healthy:
@@ -313,7 +313,7 @@ class HealthTracker:
         cordon changed."""
         wanted = frozenset(canonical_gpu_uuid(u) for u in uuids)
         changes = []
-        for cur in self.snapshot():
+        for cur in self.current():
             cordoned = canonical_gpu_uuid(cur.uuid) in wanted
             if cordoned != cur.cordoned:
                 change = self._commit(cur, replace(cur, cordoned=cordoned))

@@ -20,37 +20,37 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 Item = TypeVar("Item")
-Outcome = TypeVar("Outcome")
+Result = TypeVar("Result")
 
 
 @dataclass(eq=False)
-class _Caller(Generic[Item, Outcome]):
+class _Caller(Generic[Item, Result]):
     item: Item
     wake: threading.Event = field(default_factory=threading.Event)
     leads: bool = False
     done: bool = False
-    outcome: Outcome | None = None
+    outcome: Result | None = None
     error: BaseException | None = None
 
 
 @dataclass(eq=False)
-class _NodeQueue(Generic[Item, Outcome]):
-    waiting: list[_Caller[Item, Outcome]] = field(default_factory=list)
+class _NodeQueue(Generic[Item, Result]):
+    waiting: list[_Caller[Item, Result]] = field(default_factory=list)
     led: bool = False
 
 
-class GroupCommit(Generic[Item, Outcome]):
+class GroupCommit(Generic[Item, Result]):
     """Per-key batching of blocking commits; `submit` returns this caller's own outcome."""
 
     def __init__(
-        self, commit: Callable[[str, Sequence[Item]], Sequence[Outcome]], max_batch: int = 64
+        self, commit: Callable[[str, Sequence[Item]], Sequence[Result]], max_batch: int = 64
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, not {max_batch}")
         self._commit = commit
         self._max_batch = max_batch
         self._lock = threading.Lock()
-        self._queues: dict[str, _NodeQueue[Item, Outcome]] = {}
+        self._queues: dict[str, _NodeQueue[Item, Result]] = {}
         self.batches = 0  # commits made (for tests and metrics)
         self.items = 0  # items committed in them
 
@@ -66,8 +66,8 @@ class GroupCommit(Generic[Item, Outcome]):
         with self._lock:
             return frozenset(self._queues)
 
-    def submit(self, key: str, item: Item) -> Outcome:
-        me: _Caller[Item, Outcome] = _Caller(item)
+    def submit(self, key: str, item: Item) -> Result:
+        me: _Caller[Item, Result] = _Caller(item)
         with self._lock:
             queue = self._queues.setdefault(key, _NodeQueue())
             queue.waiting.append(me)

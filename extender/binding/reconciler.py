@@ -57,13 +57,13 @@ def reconcile_once(service: ReconciledService, now: float | None = None) -> int:
     timeout = service.config.reservation_timeout_s
     departing: set[str] = set()
     readmitting = False
-    for name, node_entry in sorted(snapshot.nodes.items()):
-        node_holds = node_entry.published.status.holds if node_entry.published is not None else None
+    for name, node in sorted(snapshot.nodes.items()):
+        node_holds = node.published.status.holds if node.published is not None else None
         readmitting |= service.store.note_admitting(name, admits_pods(node_holds))
     for ledger in snapshot.ledgers():
         facts = snapshot.pod_facts(e.pod_uid for e in ledger.entries)
-        entry_node = snapshot.node(ledger.node)
-        published = entry_node.published if entry_node is not None else None
+        ledger_node = snapshot.node(ledger.node)
+        published = ledger_node.published if ledger_node is not None else None
         holds = published.status.holds if published is not None else None
         suspects: list[LedgerEntry] = []
         for entry, reason in stale_entries(ledger, facts, now, timeout):

@@ -38,7 +38,7 @@ from extender.debug.views.pages import index_page, node_page
 from extender.service import ExtenderService
 from extender.state.cluster_api import ApiError, ApiNotFound
 from extender.state.pod_requests import PodRequest, RequestError, read_pod_request
-from extender.state.snapshot import ClusterSnapshot, NodeEntry
+from extender.state.snapshot import ClusterSnapshot, TrackedNode
 
 
 def register_debug_routes(app: FastAPI, service: ExtenderService) -> None:
@@ -96,8 +96,8 @@ def _error(status: int, message: str) -> JSONResponse:
 # ----------------------------------------------------------------------------- gathering
 
 
-def node_entries(snapshot: ClusterSnapshot, names: Sequence[str]) -> list[NodeEntry]:
-    return [snapshot.node(name) or NodeEntry(name, -1, ledger=Ledger(name)) for name in names]
+def node_entries(snapshot: ClusterSnapshot, names: Sequence[str]) -> list[TrackedNode]:
+    return [snapshot.node(name) or TrackedNode(name, -1, ledger=Ledger(name)) for name in names]
 
 
 def evaluate(

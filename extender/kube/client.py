@@ -202,7 +202,7 @@ class KubeClusterApi:
         except _FAILURES as exc:
             log.info("could not nudge pod %s/%s: %s", namespace, name, exc)
 
-    def record_event(
+    def emit_event(
         self, namespace: str, pod: str, uid: str, reason: str, message: str, warning: bool
     ) -> None:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

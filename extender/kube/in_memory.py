@@ -23,7 +23,7 @@ from extender.state.snapshot import NodeFacts, TrackedPod
 
 
 @dataclass(frozen=True, slots=True)
-class RecordedEvent:
+class EmittedEvent:
     namespace: str
     pod: str
     reason: str
@@ -42,7 +42,7 @@ class InMemoryCluster:
         self._topologies: dict[str, PublishedTopology] = {}
         self._handlers: list[WatchHandlers] = []
         self._pods_revision = 0  # bumped with every pod change, told to the watchers first
-        self.events: list[RecordedEvent] = []
+        self.events: list[EmittedEvent] = []
         self.nudged: list[tuple[str, str, str]] = []  # (namespace, name, value) of nudge_pod calls
         self.fail_next_bind: str = ""
         # bearer token -> (identity, the debug subresources it may use), for debug access tests
@@ -52,23 +52,23 @@ class InMemoryCluster:
 
     # ------------------------------------------------------------------ cluster-side edits
 
-    def add_node(self, facts: NodeFacts, record: PublishedTopology | None) -> None:
+    def add_node(self, facts: NodeFacts, published: PublishedTopology | None) -> None:
         with self._lock:
             self._nodes[facts.name] = facts
-            if record is not None:
-                self._topologies[facts.name] = record
+            if published is not None:
+                self._topologies[facts.name] = published
             for h in self._handlers:
                 h.node(facts)
-                h.topology(facts.name, record, "")
+                h.topology(facts.name, published, "")
 
-    def set_topology(self, node: str, record: PublishedTopology | None) -> None:
+    def set_topology(self, node: str, published: PublishedTopology | None) -> None:
         with self._lock:
-            if record is None:
+            if published is None:
                 self._topologies.pop(node, None)
             else:
-                self._topologies[node] = record
+                self._topologies[node] = published
             for h in self._handlers:
-                h.topology(node, record, "")
+                h.topology(node, published, "")
 
     def put_policy(self, obj: Mapping[str, Any]) -> None:
         """Create or replace a GpuSchedulingPolicy object (as JSON)."""
@@ -180,11 +180,11 @@ class InMemoryCluster:
             meta["resourceVersion"] = str(next(self._rv))
             self._notify_pod(pod)
 
-    def record_event(
+    def emit_event(
         self, namespace: str, pod: str, uid: str, reason: str, message: str, warning: bool
     ) -> None:
         with self._lock:
-            self.events.append(RecordedEvent(namespace, pod, reason, message, warning))
+            self.events.append(EmittedEvent(namespace, pod, reason, message, warning))
 
     def nudge_pod(self, namespace: str, name: str, uid: str, value: str) -> None:
         with self._lock:

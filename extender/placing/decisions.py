@@ -150,11 +150,13 @@ class Decider:
         """`outcome` narrowed to the node `choose_node` picks among its passing nodes, re-ranking
         only the nodes changed since the list was last decided (`ChoiceMemo`)."""
         found = listed.choice(pod.compute)
-        generation = snapshot.generation
-        changed = self._store.changes_between(found.generation, generation) if found.source else None
+        cluster_version = snapshot.cluster_version
+        changed = (
+            self._store.changes_between(found.cluster_version, cluster_version) if found.source else None
+        )
         return found.decide(
             outcome,
-            generation,
+            cluster_version,
             changed,
             lambda name: self._terms(snapshot, memo, name, pod),
             listed.passed.__contains__,
@@ -165,7 +167,7 @@ class Decider:
     ) -> FilterMemo:
         """The memo of these names, up to date: the one remembered, or a near one moved to them,
         or a new one."""
-        generation = snapshot.generation
+        cluster_version = snapshot.cluster_version
         found = memo.filters.get(names)
         added: frozenset[str] = frozenset()
         if found is None:
@@ -174,19 +176,19 @@ class Decider:
                 del memo.filters[found.names]
                 added = found.move_to(names)
                 memo.filters[names] = found
-        changed = self._store.changes_between(found.generation, generation) if found else None
+        changed = self._store.changes_between(found.cluster_version, cluster_version) if found else None
         if found is None or changed is None:
             return self._full_filter(snapshot, memo, names, pod)
         touched = (changed & names) | added
         if touched and self._refresh(snapshot, memo, found, touched, pod):
             found.answer = None
-        found.generation = generation
+        found.cluster_version = cluster_version
         return found
 
     def _full_filter(
         self, snapshot: ClusterSnapshot, memo: _Memo, names: frozenset[str], pod: PodRequest
     ) -> FilterMemo:
-        found = FilterMemo(snapshot.generation, names)
+        found = FilterMemo(snapshot.cluster_version, names)
         self._refresh(snapshot, memo, found, sorted(names), pod)
         memo.filters.pop(names, None)
         if len(memo.filters) >= 4:
@@ -205,7 +207,7 @@ class Decider:
         """Place `names` again; True when the filter answer for them changed."""
         moved = False
         for name in names:
-            moved |= found.record(name, self._outcome(snapshot, memo, name, pod.request, pod.policy))
+            moved |= found.note(name, self._outcome(snapshot, memo, name, pod.request, pod.policy))
         return moved
 
     def prioritize(self, snapshot: ClusterSnapshot, pod: PodRequest, node_names: Sequence[str]) -> Ranking:
@@ -220,8 +222,8 @@ class Decider:
     ) -> Ranking:
         memo_key = (pod.compute, key)
         found = memo.rankings.get(memo_key)
-        generation = snapshot.generation
-        changed = self._store.changes_between(found[0], generation) if found else None
+        cluster_version = snapshot.cluster_version
+        changed = self._store.changes_between(found[0], cluster_version) if found else None
         if found is not None and changed is not None and not changed:
             return found[2]
         if found is None or changed is None:
@@ -235,7 +237,7 @@ class Decider:
         ranking = combine([t for t in terms if t is not None], pod.policy)
         if found is None and len(memo.rankings) >= 4:
             memo.rankings.pop(next(iter(memo.rankings)))
-        memo.rankings[memo_key] = (generation, terms, ranking)
+        memo.rankings[memo_key] = (cluster_version, terms, ranking)
         return ranking
 
     def _terms(self, snapshot: ClusterSnapshot, memo: _Memo, name: str, pod: PodRequest) -> RawTerms | None:

@@ -32,9 +32,9 @@ _CHOICES_KEPT = 4  # remembered node choices per set (one per CPU and memory dem
 
 @dataclass
 class FilterMemo:
-    """The filter answer for `names` as of cluster generation `generation`."""
+    """The filter answer for `names` as of cluster cluster_version `cluster_version`."""
 
-    generation: int
+    cluster_version: int
     names: frozenset[str]
     passed: set[str] = field(default_factory=set)
     failed: dict[str, str] = field(default_factory=dict)
@@ -47,7 +47,7 @@ class FilterMemo:
     #: the node chosen among the passing ones, per the pod's CPU and memory demand (`decideNode`)
     choices: dict[ComputeDemand, ChoiceMemo] = field(default_factory=dict)
 
-    def record(self, name: str, result: Outcome) -> bool:
+    def note(self, name: str, result: Outcome) -> bool:
         """Note where the pod would go on `name` (or why not); True when the answer changed."""
         if isinstance(result, Placement):
             if name in self.passed:

@@ -32,7 +32,7 @@ def _link(terms: RawTerms | None) -> float | None:
 class ChoiceMemo:
     """The last decision over one node list's filter answer (see the module's docstring)."""
 
-    generation: int = -1
+    cluster_version: int = -1
     source: FilterOutcome | None = None  # the filter answer decided on
     terms: dict[str, RawTerms | None] = field(default_factory=dict)  # per passing node
     keys: dict[str, DecisionKey] = field(default_factory=dict)  # per passing node with terms
@@ -47,13 +47,13 @@ class ChoiceMemo:
     def decide(
         self,
         outcome: FilterOutcome,
-        generation: int,
+        cluster_version: int,
         changed: frozenset[str] | None,
         terms_of: TermsOf,
         passes: Callable[[str], bool],
     ) -> FilterOutcome:
         """`outcome` narrowed to the chosen node. `changed`: the nodes changed since this memo's
-        generation (None when unknown: everything is ranked again); `passes`: whether a node is
+        cluster_version (None when unknown: everything is ranked again); `passes`: whether a node is
         among `outcome.passed` (only a changed node, or one that joined or left the list, can have
         started or stopped passing)."""
         if changed is not None and self.listed_changes:
@@ -63,7 +63,7 @@ class ChoiceMemo:
             self._rank_all(outcome, terms_of)
         else:
             self._rank_changed(changed, terms_of, passes)
-        self.generation = generation
+        self.cluster_version = cluster_version
         chosen = self._lowest()
         if self.answer is None or chosen != self.chosen or outcome is not self.source:
             self.answer = outcome if chosen is None else narrowed(outcome, chosen)

@@ -27,7 +27,7 @@ from contract.gpu_topology import TopologyStatus
 from contract.scheduling_policy import cuda_version_tuple
 from extender.placing.filter_outcome import FilterOutcome
 from extender.state.pod_requests import PodRequest
-from extender.state.snapshot import ClusterSnapshot, NodeEntry
+from extender.state.snapshot import ClusterSnapshot, TrackedNode
 from topology.node_choice import choose_node
 from topology.placement import place
 from topology.scheduling import Misfit, MisfitReason, Outcome, Placement
@@ -73,7 +73,7 @@ def node_outcome(snapshot: ClusterSnapshot, name: str, pod: PodRequest) -> Outco
     )
 
 
-def resources_context(entry: NodeEntry, pod: PodRequest, snapshot: ClusterSnapshot) -> NodeResourcesContext:
+def resources_context(entry: TrackedNode, pod: PodRequest, snapshot: ClusterSnapshot) -> NodeResourcesContext:
     """The node's free CPU and memory before and after the pod, and the learned workload
     (CPU and memory unconstrained where the Node does not say its allocatable)."""
     free = entry.free_compute

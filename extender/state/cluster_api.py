@@ -105,7 +105,7 @@ class ClusterApi(AccessReviewer, Protocol):
         """Create the pod's Binding with uid and resourceVersion preconditions and these annotations."""
         ...
 
-    def record_event(
+    def emit_event(
         self, namespace: str, pod: str, uid: str, reason: str, message: str, warning: bool
     ) -> None: ...
 

@@ -49,7 +49,7 @@ class TrackedPod:
     gpu_shape: PodShape | None = None  # what it asks of GPUs, for the learned workload (None: no GPU)
 
     @property
-    def holds_compute(self) -> bool:
+    def takes_compute(self) -> bool:
         """Bound to a node and not finished: its CPU and memory are taken there."""
         return bool(self.node_name) and not self.finished
 
@@ -62,7 +62,7 @@ class TrackedPod:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeEntry:
+class TrackedNode:
     """Everything known about one node, and the `NodeState` built from it (None without a
     readable GpuTopology). `version` changes with every change to any of these."""
 
@@ -115,10 +115,10 @@ class PolicyBook:
 
 @dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
-    """The cluster at one `generation`."""
+    """The cluster at one `cluster_version`."""
 
-    generation: int = 0
-    nodes: Mapping[str, NodeEntry] = field(default_factory=lambda: MappingProxyType({}))
+    cluster_version: int = 0
+    nodes: Mapping[str, TrackedNode] = field(default_factory=lambda: MappingProxyType({}))
     pods: Mapping[str, TrackedPod] = field(default_factory=lambda: MappingProxyType({}))  # by uid
     pod_uids: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # "ns/name" -> uid
     synced: frozenset[str] = frozenset()
@@ -129,7 +129,7 @@ class ClusterSnapshot:
     def is_synced(self, kinds: Iterable[str]) -> bool:
         return all(k in self.synced for k in kinds)
 
-    def node(self, name: str) -> NodeEntry | None:
+    def node(self, name: str) -> TrackedNode | None:
         return self.nodes.get(name)
 
     def node_names(self) -> tuple[str, ...]:

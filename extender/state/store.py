@@ -2,7 +2,7 @@
 
 Writers (watch threads, the binder) call the `apply_*` methods under one lock; they change
 mutable parts and mark the node dirty. `snapshot()` rebuilds the dirty nodes' immutable
-`NodeEntry` (and their `NodeState`, through the one builder in `contract.node_state`) and
+`TrackedNode` (and their `NodeState`, through the one builder in `contract.node_state`) and
 swaps in a new `ClusterSnapshot`; between changes every reader shares the same snapshot.
 Nothing here talks to Kubernetes: the adapter translates events into these calls.
 """
@@ -20,7 +20,7 @@ from contract.handoff import held_outside, revision_at_least
 from contract.ledger import Ledger
 from contract.node_state import build_node_state
 from contract.scheduling_policy import SchedulingPolicy
-from extender.state.snapshot import ClusterSnapshot, NodeEntry, NodeFacts, PolicyBook, TrackedPod
+from extender.state.snapshot import ClusterSnapshot, NodeFacts, PolicyBook, TrackedNode, TrackedPod
 from topology.accounting import Overcommit
 from topology.scheduling import GpuGrant, NodeState
 from topology.workload_learning import LearningSettings, WorkloadLearner
@@ -47,13 +47,13 @@ class ClusterStore:
         self._learner = WorkloadLearner(learning)
         self._lock = threading.RLock()
         self._parts: dict[str, _NodeParts] = {}
-        self._entries: dict[str, NodeEntry] = {}
+        self._entries: dict[str, TrackedNode] = {}
         self._dirty: set[str] = set()
         self._pods: dict[str, TrackedPod] = {}  # by uid
         self._pod_uids: dict[str, str] = {}  # "ns/name" -> uid
         self._synced: set[str] = set()
-        self._generation = 0  # bumped with every change to any node
-        self._change_log: list[str] = []  # node changed at generation (base + i + 1)
+        self._cluster_version = 0  # bumped with every change to any node
+        self._change_log: list[str] = []  # node changed at cluster_version (base + i + 1)
         self._change_base = 0
         self._snapshot: ClusterSnapshot | None = ClusterSnapshot()
         self._pods_view: tuple[Mapping[str, TrackedPod], Mapping[str, str]] | None = None
@@ -206,7 +206,7 @@ class ClusterStore:
                 self._pods_view = (MappingProxyType(dict(self._pods)), MappingProxyType(dict(self._pod_uids)))
             pods, pod_uids = self._pods_view
             current = self._snapshot = ClusterSnapshot(
-                generation=self._generation,
+                cluster_version=self._cluster_version,
                 nodes=MappingProxyType(dict(self._entries)),
                 pods=pods,
                 pod_uids=pod_uids,
@@ -218,9 +218,9 @@ class ClusterStore:
             return current
 
     def changes_between(self, since: int, until: int) -> frozenset[str] | None:
-        """Nodes changed after generation `since` up to `until` (None when no longer known)."""
+        """Nodes changed after cluster_version `since` up to `until` (None when no longer known)."""
         with self._lock:
-            if since < self._change_base or until > self._generation or since > until:
+            if since < self._change_base or until > self._cluster_version or since > until:
                 return None
             return frozenset(self._change_log[since - self._change_base : until - self._change_base])
 
@@ -228,8 +228,8 @@ class ClusterStore:
 
     def _move_compute(self, old: TrackedPod | None, new: TrackedPod | None) -> None:
         """Move a pod's CPU and memory between the nodes it held them on before and holds now."""
-        before = (old.node_name, old.compute) if old is not None and old.holds_compute else None
-        after = (new.node_name, new.compute) if new is not None and new.holds_compute else None
+        before = (old.node_name, old.compute) if old is not None and old.takes_compute else None
+        after = (new.node_name, new.compute) if new is not None and new.takes_compute else None
         if before == after:
             return
         uid = new.uid if new is not None else old.uid if old is not None else ""
@@ -255,14 +255,14 @@ class ClusterStore:
         parts.version += 1
         self._dirty.add(name)
         self._snapshot = None
-        self._generation += 1
+        self._cluster_version += 1
         self._change_log.append(name)
         if len(self._change_log) > _CHANGE_LOG_LIMIT:
             drop = len(self._change_log) // 2
             del self._change_log[:drop]
             self._change_base += drop
 
-    def _entry(self, name: str, parts: _NodeParts) -> NodeEntry:
+    def _entry(self, name: str, parts: _NodeParts) -> TrackedNode:
         state: NodeState | None = None
         overcommits: tuple[Overcommit, ...] = ()
         if parts.published is not None:
@@ -284,7 +284,7 @@ class ClusterStore:
                 facts.cordons if facts is not None else None,
                 facts.unschedulable if facts is not None else False,
             )
-        return NodeEntry(
+        return TrackedNode(
             name=name,
             version=parts.version,
             facts=parts.facts,

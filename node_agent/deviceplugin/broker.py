@@ -28,7 +28,7 @@ from node_agent.deviceplugin.reconcile import KubeletAssignment, Reconciliation,
 from node_agent.deviceplugin.record_store import BoundPod, PodRecordStore, RecordStoreError
 from node_agent.deviceplugin.records import PodRecord, RecordProblem, read_records
 from node_agent.deviceplugin.request_matching import (
-    AllocatorState,
+    HandoutState,
     RecordKey,
     candidates,
     choose_slot,
@@ -96,7 +96,7 @@ class AllocationBroker:
         self._last_kubelet: Sequence[KubeletAssignment] | None = None  # its account at the last fresh look
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
-        self._state = AllocatorState()
+        self._state = HandoutState()
         self._overrides: dict[str, Allocation] = {}
         self._pending_consumed: dict[RecordKey, tuple[PodRef, Consumption]] = {}
         self._pending_rewrites: dict[str, Rewrite] = {}
@@ -111,7 +111,7 @@ class AllocationBroker:
         self.registered = True
 
     @property
-    def state(self) -> AllocatorState:
+    def state(self) -> HandoutState:
         with self._lock:
             return self._state
 

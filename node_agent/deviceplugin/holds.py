@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from contract.handoff import HeldPod, NodeHolds, sorted_holds
 from node_agent.deviceplugin.inventory import Inventory, share_unit_gpu
 from node_agent.deviceplugin.reconcile import KubeletAssignment
-from node_agent.deviceplugin.request_matching import AllocatorState
+from node_agent.deviceplugin.request_matching import HandoutState
 from topology.scheduling import GpuGrant
 
 
@@ -66,7 +66,7 @@ def grants_of_devices(device_ids: Iterable[str], inventory: Inventory) -> tuple[
 def node_holds(
     revision: str,
     assignments: Sequence[KubeletAssignment],
-    state: AllocatorState,
+    state: HandoutState,
     uids: Mapping[tuple[str, str], str],
     inventory: Inventory,
     admitting: bool = True,
@@ -80,7 +80,7 @@ def node_holds(
     held: list[HeldPod] = []
     for (namespace, name), ids in sorted(devices.items()):
         hold = next(
-            (h for h in state.holds if (h.holder.namespace, h.holder.name) == (namespace, name)), None
+            (h for h in state.claims if (h.holder.namespace, h.holder.name) == (namespace, name)), None
         )
         uid = uids.get((namespace, name)) or (hold.holder.uid if hold is not None else "")
         if hold is not None and (not uid or hold.holder.uid == uid):

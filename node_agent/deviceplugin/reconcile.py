@@ -23,13 +23,13 @@ from contract.allocation import Allocation, Consumption
 from contract.pods import PodRef
 from node_agent.deviceplugin.records import PodRecord, Slot
 from node_agent.deviceplugin.request_matching import (
-    AllocatorState,
     Handout,
-    RecordHold,
+    HandoutState,
+    RecordClaim,
     consumption_of,
     device_order,
     ids_agree,
-    rehold,
+    reassign_claim,
 )
 
 
@@ -56,7 +56,7 @@ class Rewrite:
 
 @dataclass(frozen=True)
 class Reconciliation:
-    state: AllocatorState
+    state: HandoutState
     rewrites: tuple[Rewrite, ...] = ()
     overrides: tuple[tuple[str, Allocation], ...] = ()  # pod uid -> record now in force
     confirmed: int = 0
@@ -66,7 +66,7 @@ class Reconciliation:
 
 
 def reconcile(
-    state: AllocatorState, records: Sequence[PodRecord], kubelet: Sequence[KubeletAssignment], now: float
+    state: HandoutState, records: Sequence[PodRecord], kubelet: Sequence[KubeletAssignment], now: float
 ) -> Reconciliation:
     by_name = {(r.ref.namespace, r.ref.name): r for r in records}
     by_uid = {r.ref.uid: r for r in records}
@@ -100,7 +100,7 @@ def reconcile(
         owner = by_uid.get(owner_uid)
         if owner is None or owner.allocation.generation != generation:
             why = f"{taker.ref} has devices of a record that is no longer current; it now holds them"
-            result = replace(result, state=rehold(result.state, (owner_uid, generation), taker.ref))
+            result = replace(result, state=reassign_claim(result.state, (owner_uid, generation), taker.ref))
             unresolved.append(why)
             continue
         if owner_uid in done or taker.ref.uid in done:
@@ -116,7 +116,7 @@ def _settle(result: Reconciliation, owner: PodRecord, taker: PodRecord) -> Recon
     owner_key = (owner.ref.uid, owner.allocation.generation)
     if taker.shape != owner.shape:
         why = f"{taker.ref} got {owner.ref}'s record but their requests differ; {taker.ref} now holds it"
-        state = rehold(result.state, owner_key, taker.ref)
+        state = reassign_claim(result.state, owner_key, taker.ref)
         return replace(result, state=state, unresolved=(*result.unresolved, why))
 
     generation = max(owner.allocation.generation, taker.allocation.generation) + 1
@@ -141,9 +141,9 @@ def _settle(result: Reconciliation, owner: PodRecord, taker: PodRecord) -> Recon
         replace(h, record=(moves[h.record][1].ref.uid, generation), holder=moves[h.record][1].ref)
         if h.record in moves
         else h
-        for h in result.state.holds
+        for h in result.state.claims
     )
-    state = AllocatorState(handouts, holds)
+    state = HandoutState(handouts, holds)
     rewrites: list[Rewrite] = []
     overrides: list[tuple[str, Allocation]] = []
     for source, target in moves.values():
@@ -185,10 +185,10 @@ def _adopt_unknown(
         if slot is None or slot.key in state.consumed:
             continue
         key = (record.ref.uid, record.allocation.generation)
-        holds = state.holds
-        if state.hold(key) is None:
-            holds = (*holds, RecordHold(key, record.ref, record.allocation.grants, now))
-        state = AllocatorState(
+        holds = state.claims
+        if state.claim_of(key) is None:
+            holds = (*holds, RecordClaim(key, record.ref, record.allocation.grants, now))
+        state = HandoutState(
             (*state.handouts, Handout(slot, record.ref, ids, now, ids_agree(slot, ids))), holds
         )
         adopted += 1

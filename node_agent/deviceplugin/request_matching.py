@@ -29,7 +29,7 @@ RecordKey = tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)
-class RecordHold:
+class RecordClaim:
     """A hold on a record's GPUs, from its first handout until `holder` (the pod using them) is gone."""
 
     record: RecordKey
@@ -50,20 +50,20 @@ class Handout:
 
 
 @dataclass(frozen=True)
-class AllocatorState:
+class HandoutState:
     handouts: tuple[Handout, ...] = ()
-    holds: tuple[RecordHold, ...] = ()
+    claims: tuple[RecordClaim, ...] = ()
 
     @cached_property
     def consumed(self) -> frozenset[SlotKey]:
         return frozenset(h.slot.key for h in self.handouts)
 
-    def hold(self, record: RecordKey) -> RecordHold | None:
-        return next((h for h in self.holds if h.record == record), None)
+    def claim_of(self, record: RecordKey) -> RecordClaim | None:
+        return next((h for h in self.claims if h.record == record), None)
 
 
 def capacity_conflict(
-    grants: Sequence[GpuGrant], record: RecordKey, holds: Iterable[RecordHold], inventory: Inventory
+    grants: Sequence[GpuGrant], record: RecordKey, holds: Iterable[RecordClaim], inventory: Inventory
 ) -> str | None:
     """Why these grants cannot be handed out beside the other records' holds (None: they can)."""
     whole: set[str] = set()
@@ -113,14 +113,14 @@ def capacity_conflict(
     return None
 
 
-def servable(record: PodRecord, state: AllocatorState, inventory: Inventory) -> bool:
+def servable(record: PodRecord, state: HandoutState, inventory: Inventory) -> bool:
     key = (record.ref.uid, record.allocation.generation)
-    if state.hold(key) is not None:
+    if state.claim_of(key) is not None:
         return True
-    return capacity_conflict(record.allocation.grants, key, state.holds, inventory) is None
+    return capacity_conflict(record.allocation.grants, key, state.claims, inventory) is None
 
 
-def next_slot(record: PodRecord, resource: str, state: AllocatorState) -> Slot | None:
+def next_slot(record: PodRecord, resource: str, state: HandoutState) -> Slot | None:
     """The record's first slot of `resource` the kubelet has not asked for yet."""
     for slot in record.slots:
         if slot.resource != resource:
@@ -132,7 +132,7 @@ def next_slot(record: PodRecord, resource: str, state: AllocatorState) -> Slot |
 
 
 def candidates(
-    resource: str, amount: int, records: Sequence[PodRecord], state: AllocatorState, inventory: Inventory
+    resource: str, amount: int, records: Sequence[PodRecord], state: HandoutState, inventory: Inventory
 ) -> tuple[Slot, ...]:
     """Slots a request for `amount` devices of `resource` may be for, oldest bind first."""
     found: list[Slot] = []
@@ -159,7 +159,7 @@ def choose_slot(
     resource: str,
     device_ids: Sequence[str],
     records: Sequence[PodRecord],
-    state: AllocatorState,
+    state: HandoutState,
     inventory: Inventory,
 ) -> Slot | None:
     """The slot an Allocate for these device IDs consumes; None when no record fits."""
@@ -174,7 +174,7 @@ def lost_handout(
     resource: str,
     device_ids: Sequence[str],
     records: Sequence[PodRecord],
-    state: AllocatorState,
+    state: HandoutState,
     kubelet_holding: Iterable[tuple[str, str, str]],
 ) -> Slot | None:
     """A slot handed out before that the kubelet asks for again: its Allocate was answered, but
@@ -209,15 +209,13 @@ def lost_handout(
     return found[0] if found else None
 
 
-def forget_handout(state: AllocatorState, slot: Slot) -> AllocatorState:
+def forget_handout(state: HandoutState, slot: Slot) -> HandoutState:
     """The state without the earlier handout of `slot` (it is being handed out again)."""
     handouts = tuple(h for h in state.handouts if h.slot.key != slot.key)
-    return state if handouts == state.handouts else AllocatorState(handouts, state.holds)
+    return state if handouts == state.handouts else HandoutState(handouts, state.claims)
 
 
-def fit_within_record(
-    slot: Slot, record: PodRecord, device_ids: Sequence[str], state: AllocatorState
-) -> Slot:
+def fit_within_record(slot: Slot, record: PodRecord, device_ids: Sequence[str], state: HandoutState) -> Slot:
     """Which of its pod's whole GPUs / MIG instances the container gets.
 
     The record is per pod; the kubelet decides which of the pod's devices each container gets
@@ -261,7 +259,7 @@ def preferred_ids(
     must_include: Sequence[str],
     size: int,
     records: Sequence[PodRecord],
-    state: AllocatorState,
+    state: HandoutState,
     inventory: Inventory,
 ) -> tuple[str, ...]:
     """The devices to prefer: the oldest fitting record's own devices if the kubelet still has them."""
@@ -298,23 +296,23 @@ def _pick_for_slot(
 
 
 def consume(
-    state: AllocatorState, record: PodRecord, slot: Slot, device_ids: Sequence[str], now: float
-) -> AllocatorState:
+    state: HandoutState, record: PodRecord, slot: Slot, device_ids: Sequence[str], now: float
+) -> HandoutState:
     """The state after handing `slot` out for these kubelet device IDs."""
     handout = Handout(
         slot, slot.pod, tuple(sorted(device_ids, key=device_order)), now, ids_agree(slot, device_ids)
     )
     key = (record.ref.uid, record.allocation.generation)
-    holds = state.holds
-    if state.hold(key) is None:
+    holds = state.claims
+    if state.claim_of(key) is None:
         holds = (
             *(h for h in holds if h.record[0] != key[0]),
-            RecordHold(key, record.ref, record.allocation.grants, now),
+            RecordClaim(key, record.ref, record.allocation.grants, now),
         )
-    return AllocatorState((*state.handouts, handout), holds)
+    return HandoutState((*state.handouts, handout), holds)
 
 
-def consumption_of(state: AllocatorState, record: RecordKey) -> Consumption:
+def consumption_of(state: HandoutState, record: RecordKey) -> Consumption:
     """What to write back as `linkpack.io/consumed` for a record: its consumed containers and IDs."""
     mine = sorted(
         (h for h in state.handouts if (h.slot.pod.uid, h.slot.generation) == record),
@@ -326,12 +324,12 @@ def consumption_of(state: AllocatorState, record: RecordKey) -> Consumption:
 
 
 def release_departed(
-    state: AllocatorState,
+    state: HandoutState,
     present: Iterable[str],
     now: float,
     grace_s: float,
     kubelet_active: Iterable[tuple[str, str]] | None = None,
-) -> AllocatorState:
+) -> HandoutState:
     """Forget what pods no longer on the node held.
 
     With the kubelet's account (`kubelet_active`: (namespace, name) of the pods its
@@ -350,17 +348,17 @@ def release_departed(
             return (holder.namespace, holder.name) in active
         return now - since < grace_s
 
-    holds = tuple(h for h in state.holds if keep(h.holder, h.since))
+    holds = tuple(h for h in state.claims if keep(h.holder, h.since))
     handouts = tuple(h for h in state.handouts if keep(h.holder, h.at))
-    if holds == state.holds and handouts == state.handouts:
+    if holds == state.claims and handouts == state.handouts:
         return state
-    return AllocatorState(handouts, holds)
+    return HandoutState(handouts, holds)
 
 
-def resync(records: Iterable[PodRecord], now: float) -> AllocatorState:
+def resync(records: Iterable[PodRecord], now: float) -> HandoutState:
     """The state after an agent restart, rebuilt from the consumed annotations in the API."""
     handouts: list[Handout] = []
-    holds: list[RecordHold] = []
+    holds: list[RecordClaim] = []
     for record in records:
         consumed = [s for s in record.slots if s.container in record.consumed_in_api]
         if not consumed:
@@ -368,18 +366,18 @@ def resync(records: Iterable[PodRecord], now: float) -> AllocatorState:
         for slot in consumed:
             handouts.append(Handout(slot, slot.pod, (), now, ids_agree=True))
         holds.append(
-            RecordHold(
+            RecordClaim(
                 (record.ref.uid, record.allocation.generation), record.ref, record.allocation.grants, now
             )
         )
-    return AllocatorState(tuple(handouts), tuple(holds))
+    return HandoutState(tuple(handouts), tuple(holds))
 
 
-def rehold(state: AllocatorState, record: RecordKey, holder: PodRef) -> AllocatorState:
+def reassign_claim(state: HandoutState, record: RecordKey, holder: PodRef) -> HandoutState:
     """Say that another pod is the one using a record's GPUs (and its handouts)."""
-    holds = tuple(replace(h, holder=holder) if h.record == record else h for h in state.holds)
+    holds = tuple(replace(h, holder=holder) if h.record == record else h for h in state.claims)
     handouts = tuple(
         replace(h, holder=holder) if (h.slot.pod.uid, h.slot.generation) == record else h
         for h in state.handouts
     )
-    return AllocatorState(handouts, holds)
+    return HandoutState(handouts, holds)

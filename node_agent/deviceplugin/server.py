@@ -77,7 +77,7 @@ class DeviceHealth:
                 self._version += 1
                 self._changed.notify_all()
 
-    def snapshot(self) -> tuple[int, frozenset[str]]:
+    def current(self) -> tuple[int, frozenset[str]]:
         with self._changed:
             return self._version, self._unhealthy
 
@@ -102,7 +102,7 @@ class _DevicePluginService:
         return plugin_options()
 
     def ListAndWatch(self, request: Message, context: grpc.ServicerContext) -> Iterator[Message]:
-        version, unhealthy = self._health.snapshot()
+        version, unhealthy = self._health.current()
         sent = self._broker.inventory.devices(self._resource, unhealthy)
         yield _device_list(sent)
         while not self._stopped.is_set() and context.is_active():

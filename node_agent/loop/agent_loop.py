@@ -26,7 +26,7 @@ from node_agent.config import AgentConfig, agent_version
 from node_agent.health import (
     GpuHealth,
     HealthChange,
-    HealthPolicy,
+    HealthRules,
     HealthTracker,
     ecc_fault,
     unreadable_fault,
@@ -39,7 +39,7 @@ from node_agent.loop.watchdog import Watchdog
 from node_agent.metrics import AgentMetrics, GpuSample
 from node_agent.sharing.mps import ExternalMps, MpsService
 from node_agent.sources.discovery import Discovery, DiscoveryError, discover
-from node_agent.sources.node_facts import DriverFacts, PowerReading, read_driver, read_power
+from node_agent.sources.driver_power import DriverReading, PowerReading, read_driver, read_power
 from node_agent.sources.nvml_reader import NvmlError, NvmlReader, XidEvent
 from topology.codec import encode_topology
 from topology.model import NodeTopology
@@ -69,7 +69,7 @@ class Agent:
         self._version = agent_version()
         self.discovery = self._discover()
         gpus = [(g.index, g.uuid) for g in self.topology.gpus]
-        policy = HealthPolicy(
+        policy = HealthRules(
             recheck_after_s=config.recheck_after_s,
             fatal_recheck_after_s=config.fatal_recheck_after_s,
             xid_overrides=dict(config.xid_overrides),
@@ -91,7 +91,7 @@ class Agent:
         )
         self._discovered_at = clock()
         self._cordon_problems: tuple[str, ...] = ()
-        self.driver: DriverFacts = self._read_driver()
+        self.driver: DriverReading = self._read_driver()
         self.power: PowerReading = read_power(reader, (g.index for g in self.topology.gpus))
         self.labeler = NodeLabeler(api, config.node_name) if api is not None and config.node_labels else None
         self._label_conflicts: tuple[str, ...] = ()
@@ -114,13 +114,13 @@ class Agent:
         return self.discovery.topology
 
     def health(self) -> tuple[GpuHealth, ...]:
-        return self.tracker.snapshot()
+        return self.tracker.current()
 
     def status(self) -> TopologyStatus:
         """The GpuTopology status this node publishes now (without its heartbeat)."""
         return node_status(
             self.topology,
-            self.tracker.snapshot(),
+            self.tracker.current(),
             self._version,
             mps_active=self.mps.active,
             interposer_available=self.interposer_ready(),
@@ -173,7 +173,7 @@ class Agent:
                 self.handle_event(event)
 
     def handle_event(self, event: XidEvent) -> None:
-        if event.gpu_index not in {h.index for h in self.tracker.snapshot()}:
+        if event.gpu_index not in {h.index for h in self.tracker.current()}:
             log.warning("event for GPU %d, which this agent does not track: %s", event.gpu_index, event)
             return
         fault, change = self.tracker.observe_xid(event)
@@ -191,7 +191,7 @@ class Agent:
         changes.extend(self._sample_gpus())
         for index in self.tracker.due_for_recheck():
             passed, detail = self._probe(index)
-            change = self.tracker.record_recheck(index, passed, detail)
+            change = self.tracker.observe_recheck(index, passed, detail)
             if change is not None:
                 changes.append(change)
         changes.extend(self._refresh_cordons())
@@ -200,7 +200,7 @@ class Agent:
         self._announce(changes)
         self._police_memory()
         self.mps.check()  # a supervised daemon found dead is restarted here (with back-off)
-        self._hold_power_limits()
+        self._apply_power_budgets()
         self.power = read_power(self.reader, (g.index for g in self.topology.gpus))
         self._refresh_labels()
         self._publish()
@@ -240,7 +240,7 @@ class Agent:
                 ecc = self.reader.ecc(gpu.index)
             except NvmlError as exc:
                 lost = getattr(exc, "gpu_lost", False)
-                change = self.tracker.record_fault(gpu.index, unreadable_fault(str(exc), lost))
+                change = self.tracker.apply_fault(gpu.index, unreadable_fault(str(exc), lost))
             else:
                 samples.append(
                     GpuSample(
@@ -251,7 +251,7 @@ class Agent:
                         util.gpu_percent if util else None,
                     )
                 )
-                change = self.tracker.record_ecc(gpu.index, ecc)
+                change = self.tracker.observe_ecc(gpu.index, ecc)
             if change is not None:
                 changes.append(change)
         self.metrics.observe_gpus(samples)
@@ -317,13 +317,13 @@ class Agent:
             for v in report.violations:
                 self.metrics.count_kill(v.namespace, v.pod, v.gpu_index)
 
-    def _read_driver(self) -> DriverFacts:
+    def _read_driver(self) -> DriverReading:
         found = read_driver(self.reader)
         for problem in found.problems:
             log.warning("%s", problem)
         return found
 
-    def _hold_power_limits(self) -> None:
+    def _apply_power_budgets(self) -> None:
         """With --set-power-limits: GPUs of pods with a power budget at it, the others at default."""
         if self.power_limiter is None or self.api is None:
             return
@@ -360,7 +360,7 @@ class Agent:
         self._publish()
 
     def _publish(self) -> None:
-        health = self.tracker.snapshot()
+        health = self.tracker.current()
         self.metrics.observe_health(health)
         for listener in self._health_listeners:
             try:

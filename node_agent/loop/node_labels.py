@@ -267,23 +267,23 @@ class LabelConflict:
 
 @dataclass(frozen=True)
 class LabelPlan:
-    """What to change on the Node: `labels` to set (value) or remove (None), the record of the
+    """What to change on the Node: `labels` to set (value) or remove (None), the list of the
     agent's own labels afterwards, and what is reported."""
 
     labels: Mapping[str, str | None] = field(default_factory=lambda: MappingProxyType({}))
-    record: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    record_changed: bool = False
+    managed: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    managed_changed: bool = False
     conflicts: tuple[LabelConflict, ...] = ()
     problems: tuple[str, ...] = ()
 
     @property
     def writes(self) -> bool:
-        return bool(self.labels) or self.record_changed
+        return bool(self.labels) or self.managed_changed
 
     @property
     def annotation(self) -> str | None:
-        """The value of the record annotation after the plan (None: remove it)."""
-        return encode_record(self.record) if self.record else None
+        """The value of the managed-labels annotation after the plan (None: remove it)."""
+        return encode_managed_labels(self.managed) if self.managed else None
 
     @property
     def reports(self) -> tuple[str, ...]:
@@ -291,11 +291,11 @@ class LabelPlan:
         return (*(c.message for c in self.conflicts), *self.problems)
 
 
-def encode_record(record: Mapping[str, str]) -> str:
+def encode_managed_labels(record: Mapping[str, str]) -> str:
     return json.dumps(dict(sorted(record.items())), separators=(",", ":"))
 
 
-def decode_record(raw: str | None) -> tuple[dict[str, str], str]:
+def decode_managed_labels(raw: str | None) -> tuple[dict[str, str], str]:
     """The agent's record of its labels, and what was wrong with the annotation ("" if nothing).
     Keys outside `LABEL_KEYS` are dropped: the agent never touches them."""
     if raw is None or not raw.strip():
@@ -314,10 +314,10 @@ def decode_record(raw: str | None) -> tuple[dict[str, str], str]:
 
 
 def plan_labels(
-    desired: Mapping[str, str], current: Mapping[str, str], record_annotation: str | None
+    desired: Mapping[str, str], current: Mapping[str, str], managed_annotation: str | None
 ) -> LabelPlan:
     """What to change so the Node carries `desired`, by the rules of the module docstring."""
-    record, problem = decode_record(record_annotation)
+    record, problem = decode_managed_labels(managed_annotation)
     changes: dict[str, str | None] = {}
     kept: dict[str, str] = {}
     conflicts: list[LabelConflict] = []
@@ -336,12 +336,12 @@ def plan_labels(
                 kept[key] = want
         else:
             conflicts.append(LabelConflict(key, have, want))
-    annotation = encode_record(kept) if kept else None
-    current_annotation = (record_annotation or "").strip() or None
+    annotation = encode_managed_labels(kept) if kept else None
+    current_annotation = (managed_annotation or "").strip() or None
     return LabelPlan(
         labels=MappingProxyType(changes),
-        record=MappingProxyType(kept),
-        record_changed=annotation != current_annotation,
+        managed=MappingProxyType(kept),
+        managed_changed=annotation != current_annotation,
         conflicts=tuple(conflicts),
         problems=(problem,) if problem else (),
     )

@@ -1,7 +1,7 @@
 """Discovery: what GPUs this node has and how they are wired, from NVML and `nvidia-smi topo -m`.
 
 Two steps, kept apart:
-- fetching: `read_nvml(reader)` takes one `NvmlSnapshot` through the `NvmlReader` seam, and
+- fetching: `read_nvml(reader)` takes one `NvmlReading` through the `NvmlReader` seam, and
   the caller hands in `topo -m` text (see `smi_runner`);
 - merging: `merge(snapshot, smi_topology)` is pure and decides, fact by fact, which source
   wins and records it in `Discovery.sources`.
@@ -44,7 +44,7 @@ class DiscoveryError(Exception):
 
 
 @dataclass(frozen=True)
-class NvmlSnapshot:
+class NvmlReading:
     """Everything discovery reads from NVML, fetched once. Facts that failed are None."""
 
     source: str
@@ -71,7 +71,7 @@ def discover(
 ) -> Discovery:
     """Fetch from whichever sources exist and merge them. Raises `DiscoveryError` if none works."""
     warnings: list[str] = []
-    snapshot: NvmlSnapshot | None = None
+    snapshot: NvmlReading | None = None
     if reader is not None:
         try:
             snapshot = read_nvml(reader)
@@ -95,7 +95,7 @@ def discover(
     return Discovery(replace(result.topology, warnings=all_warnings), result.sources, all_warnings)
 
 
-def read_nvml(reader: NvmlReader) -> NvmlSnapshot:
+def read_nvml(reader: NvmlReader) -> NvmlReading:
     """Take every discovery fact from NVML. Only failing to count or name GPUs is fatal."""
     warnings: list[str] = []
     count = reader.device_count()
@@ -112,7 +112,7 @@ def read_nvml(reader: NvmlReader) -> NvmlSnapshot:
                 p2p[(a, b)] = reader.p2p_status(a, b, P2PCapability.NVLINK)
             except NvmlError as exc:
                 warnings.append(f"GPU {a}-GPU {b}: path unreadable: {exc}")
-    return NvmlSnapshot(
+    return NvmlReading(
         source=reader.source,
         identities=identities,
         affinities=affinities,
@@ -145,7 +145,7 @@ class NvmlLinks:
     warnings: tuple[str, ...]
 
 
-def links_from_nvml(snapshot: NvmlSnapshot) -> NvmlLinks:
+def links_from_nvml(snapshot: NvmlReading) -> NvmlLinks:
     """Count NVLinks per GPU pair (via remote bus ids, or via switches) and fill PCIe levels."""
     count = len(snapshot.identities)
     index_of_bus = {normalize_bus_id(d.pci_bus_id): d.index for d in snapshot.identities if d.pci_bus_id}
@@ -196,7 +196,7 @@ def links_from_nvml(snapshot: NvmlSnapshot) -> NvmlLinks:
     return NvmlLinks(MappingProxyType(links), frozenset(unsettled), nvswitch, tuple(warnings))
 
 
-def merge(snapshot: NvmlSnapshot | None, smi: NodeTopology | None) -> Discovery:
+def merge(snapshot: NvmlReading | None, smi: NodeTopology | None) -> Discovery:
     """Combine the two sources fact by fact (pure). See the module docstring for the rules."""
     if snapshot is None and smi is None:
         raise DiscoveryError(f"no GPU information: NVML unavailable and no {SOURCE_TOPO} output")

@@ -290,7 +290,7 @@ def _fingerprint(service: ExtenderService) -> tuple[Any, ...]:
     return (
         state.ledgers(),
         tuple(state.node_state(n) for n in state.node_names()),
-        state.generation,
+        state.cluster_version,
     )
 
 

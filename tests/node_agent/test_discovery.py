@@ -10,7 +10,7 @@ import pytest
 from node_agent.sources.discovery import (
     SOURCE_TOPO,
     DiscoveryError,
-    NvmlSnapshot,
+    NvmlReading,
     discover,
     links_from_nvml,
     merge,
@@ -163,5 +163,5 @@ def test_a_gpu_that_cannot_be_named_falls_back_to_topo():
 def test_snapshot_is_plain_data():
     """The NVML snapshot is plain data, with every pair's level read once."""
     snapshot = read_nvml(SimulatedNvml(catalog_machine("hgx-h100")))
-    assert isinstance(snapshot, NvmlSnapshot)
+    assert isinstance(snapshot, NvmlReading)
     assert len(snapshot.levels) == 28 and len(snapshot.identities) == 8

@@ -13,12 +13,12 @@ from node_agent.deviceplugin.holds import grants_of_devices, kubelet_active, nod
 from node_agent.deviceplugin.inventory import share_unit_id
 from node_agent.deviceplugin.reconcile import KubeletAssignment
 from node_agent.deviceplugin.record_store import InMemoryPodRecords
-from node_agent.deviceplugin.request_matching import AllocatorState, release_departed
+from node_agent.deviceplugin.request_matching import HandoutState, release_departed
 from tests.support.device_plugin import bound_pod, inventory, share, uuid, whole
 from tests.support.resources import GPU, SHARED
 from topology.scheduling import GpuGrant
 
-from .test_allocator import Clock, visible
+from .test_request_matching import Clock, visible
 
 
 class Kubelet:
@@ -83,10 +83,10 @@ def test_a_pod_deleted_with_force_keeps_its_gpu_while_the_kubelet_still_lists_it
     store.remove("uid-a")
     clock.now += 3600
     broker.reconcile()
-    assert [h.holder.name for h in broker.state.holds] == ["a"]
+    assert [h.holder.name for h in broker.state.claims] == ["a"]
     kubelet.forget("a")
     broker.reconcile()
-    assert broker.state.holds == ()
+    assert broker.state.claims == ()
 
 
 def test_release_departed_without_the_kubelet_keeps_the_grace_period() -> None:
@@ -94,11 +94,11 @@ def test_release_departed_without_the_kubelet_keeps_the_grace_period() -> None:
     broker, _store, _, clock = broker_with_kubelet(bound_pod("a", whole(0)))
     broker.allocate(GPU, [uuid(0)])
     state = broker.state
-    assert release_departed(state, [], clock.now + 10, 60.0).holds == state.holds
-    assert release_departed(state, [], clock.now + 61, 60.0).holds == ()
-    assert release_departed(state, [], clock.now + 10, 60.0, kubelet_active=[]).holds == ()
+    assert release_departed(state, [], clock.now + 10, 60.0).claims == state.claims
+    assert release_departed(state, [], clock.now + 61, 60.0).claims == ()
+    assert release_departed(state, [], clock.now + 10, 60.0, kubelet_active=[]).claims == ()
     kept = release_departed(state, [], clock.now + 999, 60.0, kubelet_active=[("default", "a")])
-    assert kept.holds == state.holds
+    assert kept.claims == state.claims
 
 
 def test_the_preferred_devices_are_the_records_once_a_departed_pod_is_released() -> None:
@@ -169,7 +169,7 @@ def test_node_holds_prefers_the_api_uid_of_the_pod() -> None:
     """The uid comes from the API listing when the pod is there."""
     inv = inventory(1)
     a = KubeletAssignment("ns", "p", "c", GPU, (uuid(0),))
-    holds = node_holds("7", [a], AllocatorState(), {("ns", "p"): "uid-p"}, inv)
+    holds = node_holds("7", [a], HandoutState(), {("ns", "p"): "uid-p"}, inv)
     assert holds.pods == (HeldPod("ns", "p", "uid-p", (GpuGrant(0, uuid(0), whole=True),)),)
 
 
@@ -182,7 +182,7 @@ def test_a_kubelet_that_lost_an_answered_allocate_gets_the_same_gpu_again() -> N
     assert visible(broker.allocate(GPU, [uuid(1)])) == [uuid(1)]
     assert visible(broker.allocate(GPU, [uuid(1)])) == [uuid(1)]  # asked again
     assert len(broker.state.handouts) == 1
-    assert [h.holder.name for h in broker.state.holds] == ["a"]
+    assert [h.holder.name for h in broker.state.claims] == ["a"]
 
 
 @pytest.mark.timeout(30)

@@ -8,7 +8,7 @@ from node_agent.health import (
     XID_CATALOG,
     EccThresholds,
     Fault,
-    HealthPolicy,
+    HealthRules,
     HealthTracker,
     Severity,
     classify_xid,
@@ -91,7 +91,7 @@ def test_ecc_thresholds_are_configurable():
 
 
 def _tracker(clock, **policy):
-    return HealthTracker([(0, U0), (1, U1)], HealthPolicy(recheck_after_s=300, **policy), clock)
+    return HealthTracker([(0, U0), (1, U1)], HealthRules(recheck_after_s=300, **policy), clock)
 
 
 def test_a_reset_class_fault_recovers_after_a_passing_recheck():
@@ -107,10 +107,10 @@ def test_a_reset_class_fault_recovers_after_a_passing_recheck():
     assert t.due_for_recheck() == ()
     clock.advance(1)
     assert t.due_for_recheck() == (0,)
-    assert t.record_recheck(0, passed=False, detail="still bad") is None
+    assert t.observe_recheck(0, passed=False, detail="still bad") is None
     assert t.due_for_recheck() == ()  # waits another full period
     clock.advance(300)
-    recovered = t.record_recheck(0, passed=True)
+    recovered = t.observe_recheck(0, passed=True)
     assert recovered is not None and recovered.after.healthy
     assert t.get(0).since == clock.now and t.get(0).severity is None
     assert "re-check passed" in t.get(0).reason
@@ -143,23 +143,23 @@ def test_a_repeated_fault_restarts_the_wait_and_a_worse_one_escalates():
     """A repeated fault restarts the wait, a worse one escalates, and a milder one keeps the reason."""
     clock = FakeClock()
     t = _tracker(clock)
-    t.record_fault(0, Fault(Severity.NEEDS_RESET, "first"))
+    t.apply_fault(0, Fault(Severity.NEEDS_RESET, "first"))
     since = t.get(0).since
     clock.advance(200)
-    assert t.record_fault(0, Fault(Severity.NEEDS_RESET, "first")) is None  # nothing visible changed
+    assert t.apply_fault(0, Fault(Severity.NEEDS_RESET, "first")) is None  # nothing visible changed
     clock.advance(200)
     assert t.due_for_recheck() == ()  # 400 s after the first, 200 s after the repeat
-    change = t.record_fault(0, Fault(Severity.FATAL, "worse"))
+    change = t.apply_fault(0, Fault(Severity.FATAL, "worse"))
     assert change is not None and t.get(0).severity is Severity.FATAL and t.get(0).since == since
-    t.record_fault(0, Fault(Severity.NEEDS_RESET, "milder"))
+    t.apply_fault(0, Fault(Severity.NEEDS_RESET, "milder"))
     assert t.get(0).reason == "worse"
 
 
 def test_ecc_counters_feed_the_tracker():
     """ECC counters above their limits mark the GPU unhealthy."""
     t = _tracker(FakeClock())
-    assert t.record_ecc(1, EccCounts(0, 0, 0, 0, False, False)) is None
-    change = t.record_ecc(1, EccCounts(volatile_uncorrected=2))
+    assert t.observe_ecc(1, EccCounts(0, 0, 0, 0, False, False)) is None
+    change = t.observe_ecc(1, EccCounts(volatile_uncorrected=2))
     assert change is not None and "2 uncorrectable" in change.after.reason
 
 
@@ -179,19 +179,19 @@ def test_a_lost_gpu_after_xid_79_keeps_the_xid_as_its_reason():
     t = _tracker(FakeClock())
     t.observe_xid(XidEvent(0, EventKind.XID, 79))
     lost = unreadable_fault("nvmlDeviceGetUUID on GPU 0: GPU is lost (NVML code 15)", gpu_lost=True)
-    assert t.record_fault(0, lost) is None  # nothing visible changes
-    assert t.record_fault(0, lost) is None
+    assert t.apply_fault(0, lost) is None  # nothing visible changes
+    assert t.apply_fault(0, lost) is None
     assert t.get(0).reason.startswith("XID 79") and t.get(0).severity is Severity.FATAL
 
 
 def test_the_xid_replaces_a_gpu_lost_reason_seen_first():
     """When a poll notices the silence before the XID event is handled, the XID still becomes the reason."""
     t = _tracker(FakeClock())
-    t.record_fault(0, unreadable_fault("nvmlDeviceGetUUID on GPU 0: GPU is lost", gpu_lost=True))
+    t.apply_fault(0, unreadable_fault("nvmlDeviceGetUUID on GPU 0: GPU is lost", gpu_lost=True))
     assert t.get(0).reason.startswith("GPU lost")
     _, change = t.observe_xid(XidEvent(0, EventKind.XID, 79))
     assert change is not None and t.get(0).reason.startswith("XID 79")
-    t.record_fault(0, unreadable_fault("nvmlDeviceGetUUID on GPU 0: GPU is lost", gpu_lost=True))
+    t.apply_fault(0, unreadable_fault("nvmlDeviceGetUUID on GPU 0: GPU is lost", gpu_lost=True))
     assert t.get(0).reason.startswith("XID 79")
 
 
@@ -199,7 +199,7 @@ def test_a_symptom_escalates_the_severity_but_keeps_the_cause():
     """A needs-reset XID followed by a lost GPU is fatal, with the XID still named as the cause."""
     t = _tracker(FakeClock())
     t.observe_xid(XidEvent(1, EventKind.XID, 48))
-    change = t.record_fault(1, unreadable_fault("GPU is lost", gpu_lost=True))
+    change = t.apply_fault(1, unreadable_fault("GPU is lost", gpu_lost=True))
     assert change is not None and t.get(1).severity is Severity.FATAL
     assert t.get(1).reason.startswith("XID 48")
 

@@ -32,8 +32,8 @@ from node_agent.loop.node_labels import (
     LabelConflict,
     LabelFacts,
     NodeLabeler,
-    decode_record,
-    encode_record,
+    decode_managed_labels,
+    encode_managed_labels,
     is_sxm,
     label_value,
     node_labels,
@@ -224,7 +224,7 @@ WANT = {GPU_PRODUCT_LABEL: "A100-SXM4-40GB", SXM_LABEL: "true", NVLINK_CLIQUE_LA
 def test_a_bare_node_gets_every_label_and_the_record():
     """On a node without our labels every label is added and recorded with its value."""
     plan = plan_labels(WANT, {"kubernetes.io/hostname": "n1"}, None)
-    assert dict(plan.labels) == WANT and dict(plan.record) == WANT
+    assert dict(plan.labels) == WANT and dict(plan.managed) == WANT
     assert plan.writes and plan.conflicts == () and plan.problems == ()
     assert json.loads(plan.annotation or "") == WANT
 
@@ -232,7 +232,7 @@ def test_a_bare_node_gets_every_label_and_the_record():
 @pytest.mark.timeout(10)
 def test_nothing_is_written_when_the_node_already_says_it():
     """Labels and record as wanted: no write."""
-    plan = plan_labels(WANT, {**WANT, "other": "x"}, encode_record(WANT))
+    plan = plan_labels(WANT, {**WANT, "other": "x"}, encode_managed_labels(WANT))
     assert not plan.writes and dict(plan.labels) == {}
 
 
@@ -241,19 +241,19 @@ def test_own_labels_change_and_go_with_the_hardware():
     """A changed fact changes the agent's label; its label that no longer applies is removed."""
     before = {**WANT, NUMA_NODES_LABEL: "2"}
     after = {**WANT, NVLINK_CLIQUE_LABEL: "4"}
-    plan = plan_labels(after, before, encode_record(before))
+    plan = plan_labels(after, before, encode_managed_labels(before))
     assert dict(plan.labels) == {NVLINK_CLIQUE_LABEL: "4", NUMA_NODES_LABEL: None}
-    assert dict(plan.record) == after and plan.conflicts == ()
+    assert dict(plan.managed) == after and plan.conflicts == ()
 
 
 @pytest.mark.timeout(10)
 def test_a_label_the_agent_did_not_set_is_never_removed():
     """A label of a wanted key set by someone else to the same value stays theirs, also when it no longer applies."""
     current = {**WANT, NUMA_NODES_LABEL: "2"}  # NUMA set by someone else, the rest by the agent
-    plan = plan_labels(WANT, current, encode_record(WANT))
+    plan = plan_labels(WANT, current, encode_managed_labels(WANT))
     assert not plan.writes
-    same = plan_labels({**WANT, NUMA_NODES_LABEL: "2"}, current, encode_record(WANT))
-    assert not same.writes and NUMA_NODES_LABEL not in same.record  # same value: not claimed
+    same = plan_labels({**WANT, NUMA_NODES_LABEL: "2"}, current, encode_managed_labels(WANT))
+    assert not same.writes and NUMA_NODES_LABEL not in same.managed  # same value: not claimed
     foreign = plan_labels({}, {"nvidia.com/gpu.present": "true", **WANT}, None)
     assert dict(foreign.labels) == {} and not foreign.writes
 
@@ -263,7 +263,7 @@ def test_a_conflicting_label_is_left_alone_and_reported():
     """A wanted label holding another value the agent did not set is left, reported, and not recorded."""
     current = {GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-40GB"}  # GPU Feature Discovery's spelling
     plan = plan_labels(WANT, current, None)
-    assert GPU_PRODUCT_LABEL not in plan.labels and GPU_PRODUCT_LABEL not in plan.record
+    assert GPU_PRODUCT_LABEL not in plan.labels and GPU_PRODUCT_LABEL not in plan.managed
     assert plan.conflicts == (LabelConflict(GPU_PRODUCT_LABEL, "NVIDIA-A100-SXM4-40GB", "A100-SXM4-40GB"),)
     assert plan.reports == (
         "node label nvidia.com/gpu.product='NVIDIA-A100-SXM4-40GB' was not set by the node agent, "
@@ -276,10 +276,12 @@ def test_a_conflicting_label_is_left_alone_and_reported():
 def test_an_own_label_someone_changed_becomes_theirs():
     """When someone changes a label the agent set, it is theirs: left, reported, dropped from the record."""
     current = {**WANT, SXM_LABEL: "false"}
-    plan = plan_labels(WANT, current, encode_record(WANT))
-    assert dict(plan.labels) == {} and SXM_LABEL not in plan.record and plan.record_changed
+    plan = plan_labels(WANT, current, encode_managed_labels(WANT))
+    assert dict(plan.labels) == {} and SXM_LABEL not in plan.managed and plan.managed_changed
     assert [c.key for c in plan.conflicts] == [SXM_LABEL]
-    gone = plan_labels({k: v for k, v in WANT.items() if k != SXM_LABEL}, current, encode_record(WANT))
+    gone = plan_labels(
+        {k: v for k, v in WANT.items() if k != SXM_LABEL}, current, encode_managed_labels(WANT)
+    )
     assert SXM_LABEL not in gone.labels  # no longer wanted, but no longer the agent's to remove
 
 
@@ -287,19 +289,19 @@ def test_an_own_label_someone_changed_becomes_theirs():
 def test_an_own_label_someone_removed_is_set_again():
     """An agent's label removed by hand comes back (the agent keeps the node as it says)."""
     current = {k: v for k, v in WANT.items() if k != SXM_LABEL}
-    plan = plan_labels(WANT, current, encode_record(WANT))
-    assert dict(plan.labels) == {SXM_LABEL: "true"} and dict(plan.record) == WANT
+    plan = plan_labels(WANT, current, encode_managed_labels(WANT))
+    assert dict(plan.labels) == {SXM_LABEL: "true"} and dict(plan.managed) == WANT
 
 
 @pytest.mark.timeout(10)
 def test_the_record_is_read_with_care():
     """A malformed record is a problem (every label is then someone else's); keys outside ours are ignored."""
     plan = plan_labels(WANT, dict(WANT), "not json")
-    assert not plan.labels and dict(plan.record) == {} and plan.record_changed
+    assert not plan.labels and dict(plan.managed) == {} and plan.managed_changed
     assert MANAGED_LABELS_ANNOTATION in plan.problems[0] and plan.annotation is None
-    record, problem = decode_record(json.dumps({"kubernetes.io/hostname": "n1", SXM_LABEL: "true"}))
+    record, problem = decode_managed_labels(json.dumps({"kubernetes.io/hostname": "n1", SXM_LABEL: "true"}))
     assert record == {SXM_LABEL: "true"} and problem == ""
-    assert decode_record(json.dumps({SXM_LABEL: 1}))[1] and decode_record("")[0] == {}
+    assert decode_managed_labels(json.dumps({SXM_LABEL: 1}))[1] and decode_managed_labels("")[0] == {}
     plan = plan_labels({}, {"kubernetes.io/hostname": "n1"}, json.dumps({"kubernetes.io/hostname": "n1"}))
     assert dict(plan.labels) == {} and plan.annotation is None  # a foreign key in the record: not removed
 

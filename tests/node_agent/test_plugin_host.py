@@ -123,7 +123,7 @@ def test_the_host_restarts_the_plugins_when_the_offered_gpus_change(plugin_dir: 
         host.update(topology, _health(topology, unhealthy=2))
         host.update(replace(topology), _health(topology))  # rediscovered, nothing changed
         assert host.plugins is first
-        assert first is not None and first.health.snapshot()[1] == frozenset()
+        assert first is not None and first.health.current()[1] == frozenset()
         mig = _with_mig(topology, 1)
         host.update(mig, _health(mig, unhealthy=1))
         wait_until(lambda: len(kubelet.registered) == 5)
@@ -134,7 +134,7 @@ def test_the_host_restarts_the_plugins_when_the_offered_gpus_change(plugin_dir: 
             mig_resource("3g.40gb"),
         }
         assert {r.resource_name for r in kubelet.registered[2:]} == set(host.plugins.resources)
-        assert host.plugins.health.snapshot()[1] == {
+        assert host.plugins.health.current()[1] == {
             mig.gpus[1].uuid,
             *(m.uuid for m in mig.gpus[1].mig_devices),
         }

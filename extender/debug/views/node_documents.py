@@ -1,6 +1,6 @@
 """GET /debug/topology and GET /debug/topology/{node} as JSON-ready dicts.
 
-Pure functions of `NodeEntry` values. Keys are camelCase like the rest of Linkpack's API
+Pure functions of `TrackedNode` values. Keys are camelCase like the rest of Linkpack's API
 objects; memory is in MiB, bandwidth in GB/s per direction, fragmentation in milli-GPU (the FGD
 measure of `topology.fragmentation`). The HTML pages (`extender.debug.views.pages`) show the same
 facts, from the same `node_summary`.
@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from contract.ledger import LedgerEntry
-from extender.debug.views.holdings import NO_TOPOLOGY_MESSAGE, Holding, holdings
-from extender.state.snapshot import NodeEntry
+from extender.debug.views.occupants import NO_TOPOLOGY_MESSAGE, Occupant, occupants_by_gpu
+from extender.state.snapshot import TrackedNode
 from topology.fragmentation import node_state_fragmentation
 from topology.gpu_status import GPU_STATUSES, gpu_status, model_of
 from topology.graph import build_graph
@@ -35,7 +35,7 @@ def status_counts(state: NodeState) -> dict[str, int]:
     return {status: counts.get(status, 0) for status in GPU_STATUSES}
 
 
-def node_summary(snap: NodeEntry) -> Doc:
+def node_summary(snap: TrackedNode) -> Doc:
     """One row of the cluster overview."""
     base: Doc = {
         "name": snap.name,
@@ -81,7 +81,7 @@ def node_summary(snap: NodeEntry) -> Doc:
     }
 
 
-def topology_index(snaps: Sequence[NodeEntry]) -> Doc:
+def topology_index(snaps: Sequence[TrackedNode]) -> Doc:
     """GET /debug/topology: every node in one line, and cluster totals."""
     rows = [node_summary(s) for s in snaps]
     totals: Doc = {
@@ -104,7 +104,7 @@ def grant_doc(grant: GpuGrant) -> Doc:
     }
 
 
-def _holder_doc(h: Holding) -> Doc:
+def _holder_doc(h: Occupant) -> Doc:
     g = h.grant
     return {
         "namespace": h.namespace,
@@ -117,7 +117,7 @@ def _holder_doc(h: Holding) -> Doc:
     }
 
 
-def _gpu_doc(state: NodeState, index: int, held: Sequence[Holding]) -> Doc:
+def _gpu_doc(state: NodeState, index: int, held: Sequence[Occupant]) -> Doc:
     gpu = state.topology.gpus[index]
     usage = state.usage[index]
     return {
@@ -191,13 +191,13 @@ def graph_doc(state: NodeState) -> Doc:
     return {"vertices": vertices, "edges": edges}
 
 
-def node_detail(snap: NodeEntry) -> Doc:
+def node_detail(snap: TrackedNode) -> Doc:
     """GET /debug/topology/{node}: GPUs, their use and holders, the graph, the pods, the problems."""
     doc: Doc = {"node": node_summary(snap)}
     state = snap.state
     if state is None or snap.published is None:
         return {**doc, "gpus": [], "graph": {"vertices": [], "edges": []}, "pods": [], "problems": []}
-    held = holdings(snap.ledger)
+    held = occupants_by_gpu(snap.ledger)
     topology = state.topology
     return {
         **doc,

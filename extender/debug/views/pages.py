@@ -7,7 +7,7 @@ drawings are inline SVG from `extender.debug.views.svg`.
 The pages are rendered from the Jinja2 templates in `templates/`, with autoescaping on: every
 text taken from the cluster (node, pod and device names, reasons, warnings) is escaped by the
 template. Only the SVG, escaped where it is built, comes in as `markupsafe.Markup`. This module
-turns a `NodeEntry` into the few plain values the templates show; the markup is theirs.
+turns a `TrackedNode` into the few plain values the templates show; the markup is theirs.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import networkx as nx
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
-from extender.debug.views.holdings import NO_TOPOLOGY_MESSAGE, Holding, holdings
 from extender.debug.views.node_documents import node_summary
+from extender.debug.views.occupants import NO_TOPOLOGY_MESSAGE, Occupant, occupants_by_gpu
 from extender.debug.views.palette import (
     KIND_COLOURS,
     KIND_MEANING,
@@ -31,7 +31,7 @@ from extender.debug.views.palette import (
     link_label,
 )
 from extender.debug.views.svg import gpu_squares, node_svg
-from extender.state.snapshot import NodeEntry
+from extender.state.snapshot import TrackedNode
 from topology.gpu_status import GPU_STATUSES, gpu_status, model_of
 from topology.graph import build_graph
 from topology.model import LinkKind, Nic
@@ -76,7 +76,7 @@ class GpuRow:
     memory_mib: int
     free_units: int
     units_per_gpu: int
-    holders: Sequence[Holding]
+    holders: Sequence[Occupant]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,13 +129,13 @@ _ENV.filters["g"] = _general
 _ENV.globals["legend_entries"] = LEGEND
 
 
-def index_page(snaps: Sequence[NodeEntry]) -> str:
+def index_page(snaps: Sequence[TrackedNode]) -> str:
     """GET /debug/topology as HTML: one row per node, GPUs as coloured squares."""
     nodes = [IndexRow(node_summary(s), gpu_squares(s.state)) for s in snaps]
     return _ENV.get_template("index.html").render(title="Linkpack: GPU nodes", nodes=nodes)
 
 
-def node_page(snap: NodeEntry) -> str:
+def node_page(snap: TrackedNode) -> str:
     """GET /debug/topology/{node} as HTML."""
     template = _ENV.get_template("node.html")
     title = f"Linkpack: {snap.name}"
@@ -154,14 +154,14 @@ def node_page(snap: NodeEntry) -> str:
         counts=", ".join(f"{summary[s]} {s}" for s in GPU_STATUSES if summary[s]),
         problems=snap.overcommits,
         svg=node_svg(snap),
-        gpus=_gpu_rows(state, holdings(snap.ledger)),
+        gpus=_gpu_rows(state, occupants_by_gpu(snap.ledger)),
         pods=snap.ledger.entries,
         matrix=_matrix(state),
         warnings=state.topology.warnings,
     )
 
 
-def _gpu_rows(state: NodeState, held: dict[int, list[Holding]]) -> list[GpuRow]:
+def _gpu_rows(state: NodeState, held: dict[int, list[Occupant]]) -> list[GpuRow]:
     rows = []
     for i, gpu in enumerate(state.topology.gpus):
         usage = state.usage[i]

@@ -20,9 +20,9 @@ import networkx as nx
 from markupsafe import Markup
 
 from extender.debug.views.geometry import Layout, Point, line_width, radial_layout
-from extender.debug.views.holdings import Holding, holdings
+from extender.debug.views.occupants import Occupant, occupants_by_gpu
 from extender.debug.views.palette import KIND_COLOURS, STATUS_COLOURS, gib, link_label
-from extender.state.snapshot import NodeEntry
+from extender.state.snapshot import TrackedNode
 from topology.gpu_status import gpu_status
 from topology.graph import NVSWITCH, build_graph
 from topology.model import LinkKind
@@ -33,7 +33,7 @@ _NIC_W, _NIC_H = 58.0, 20.0
 _MAX_SHOWN = 800.0  # px; larger drawings are scaled down to fit beside the legend
 
 
-def _gpu_label(holders: Sequence[Holding]) -> str:
+def _gpu_label(holders: Sequence[Occupant]) -> str:
     if not holders:
         return ""
     first = holders[0].name
@@ -42,7 +42,7 @@ def _gpu_label(holders: Sequence[Holding]) -> str:
     return first + (f" +{len(holders) - 1}" if len(holders) > 1 else "")
 
 
-def _gpu_svg(state: NodeState, index: int, at: Point, held: Sequence[Holding]) -> str:
+def _gpu_svg(state: NodeState, index: int, at: Point, held: Sequence[Occupant]) -> str:
     gpu = state.topology.gpus[index]
     usage = state.usage[index]
     status = gpu_status(usage)
@@ -172,7 +172,7 @@ def _chord_svg(
     )
 
 
-def node_svg(snap: NodeEntry) -> Markup:
+def node_svg(snap: TrackedNode) -> Markup:
     """The node's graph as one <svg> element (empty for a node without topology)."""
     state = snap.state
     if state is None:
@@ -235,7 +235,7 @@ def node_svg(snap: NodeEntry) -> Markup:
             f'<text x="{c.x:.1f}" y="{c.y + 36:.1f}" class="link-label">NV{first["nvlinks"]} per GPU, '
             f"{float(first['bandwidth']):g} GB/s</text>"
         )
-    held = holdings(snap.ledger)
+    held = occupants_by_gpu(snap.ledger)
     for vertex in sorted(graph.nodes, key=str):
         name = str(vertex)
         if name not in layout.angles:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from node_agent.config import parse_args
-from node_agent.sources.node_facts import read_driver, read_power
+from node_agent.sources.driver_power import read_driver, read_power
 from node_agent.sources.nvml_pynvml import PynvmlReader
 from node_agent.sources.nvml_reader import (
     NvmlReadError,

@@ -1,6 +1,6 @@
 """What the debug views show of a node's ledger: who holds which GPU.
 
-The views' input is the extender's own `extender.state.snapshot.NodeEntry` (one node in one cluster
+The views' input is the extender's own `extender.state.snapshot.TrackedNode` (one node in one cluster
 snapshot); the JSON documents, the SVG drawing and the HTML pages are pure functions of it.
 """
 
@@ -18,7 +18,7 @@ NO_TOPOLOGY_MESSAGE = (
 
 
 @dataclass(frozen=True, slots=True)
-class Holding:
+class Occupant:
     """What one pod holds on one GPU (from the node's ledger)."""
 
     namespace: str
@@ -41,10 +41,12 @@ class Holding:
         return f"{g.memory_mib} MiB, {g.units} units"
 
 
-def holdings(ledger: Ledger) -> dict[int, list[Holding]]:
+def occupants_by_gpu(ledger: Ledger) -> dict[int, list[Occupant]]:
     """Per GPU index, the pods holding part or all of it, in ledger order."""
-    out: dict[int, list[Holding]] = {}
+    out: dict[int, list[Occupant]] = {}
     for entry in ledger.entries:
         for grant in entry.allocation.grants:
-            out.setdefault(grant.index, []).append(Holding(entry.namespace, entry.name, entry.pod_uid, grant))
+            out.setdefault(grant.index, []).append(
+                Occupant(entry.namespace, entry.name, entry.pod_uid, grant)
+            )
     return out

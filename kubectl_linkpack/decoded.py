@@ -44,24 +44,24 @@ def node_cordons(obj: Mapping[str, Any]) -> NodeCordons:
     )
 
 
-def facts_by_name(nodes: Iterable[Mapping[str, Any]]) -> dict[str, NodeCordons]:
+def cordons_by_node(nodes: Iterable[Mapping[str, Any]]) -> dict[str, NodeCordons]:
     facts = (node_cordons(n) for n in nodes)
     return {f.name: f for f in facts if f.name}
 
 
 @dataclass(frozen=True, slots=True)
-class NodeRecord:
+class NodeReport:
     """One GPU node as the plugin shows it.
 
     `published` is None when the GpuTopology object is malformed (`error` says why); `state` is
     the node's state with its ledger's grants, built by `contract.node_state.build_node_state`.
-    `facts` is None when there is no Node object of that name, or when Nodes could not be read
+    `node_cordons` is None when there is no Node object of that name, or when Nodes could not be read
     (`node_missing` tells the two apart)."""
 
     name: str
     published: PublishedTopology | None
     error: str = ""
-    facts: NodeCordons | None = None
+    node_cordons: NodeCordons | None = None
     node_missing: bool = False
     ledger: Ledger | None = None
     ledger_error: str = ""
@@ -75,17 +75,17 @@ class NodeRecord:
 
     @property
     def unschedulable(self) -> bool:
-        return self.facts is not None and self.facts.unschedulable
+        return self.node_cordons is not None and self.node_cordons.unschedulable
 
     @property
     def cordon_problems(self) -> tuple[str, ...]:
         """What is wrong with the cordon annotation: read here, as the agent reported it, and
         cordoned UUIDs that are no GPU of this node."""
-        problems: list[str] = list(self.facts.cordons.problems) if self.facts else []
+        problems: list[str] = list(self.node_cordons.cordons.problems) if self.node_cordons else []
         if self.published is not None:
             problems += [p for p in self.published.status.cordon_problems if p not in problems]
-            if self.facts is not None:
-                unknown = self.facts.cordons.unknown(g.uuid for g in self.published.topology.gpus)
+            if self.node_cordons is not None:
+                unknown = self.node_cordons.cordons.unknown(g.uuid for g in self.published.topology.gpus)
                 problems += [
                     f"{CORDON_ANNOTATION} names {u}, which is not a GPU of this node" for u in unknown
                 ]
@@ -96,13 +96,13 @@ class NodeRecord:
         return next((h.reason for h in self.health if h.index == index), "")
 
 
-def node_record(
+def node_report(
     topology_obj: Mapping[str, Any],
     facts: Mapping[str, NodeCordons] | None,
     ledgers: Mapping[str, Ledger],
     units_per_gpu: int,
     ledger_errors: Mapping[str, str] | None = None,
-) -> NodeRecord:
+) -> NodeReport:
     """A GpuTopology object with its Node's facts (None: Nodes unreadable) and its ledger."""
     name = str(_mapping(topology_obj, "metadata").get("name") or "?")
     node = facts.get(name) if facts is not None else None
@@ -111,11 +111,11 @@ def node_record(
     try:
         published = decode_gpu_topology(topology_obj)
     except GpuTopologyError as exc:
-        return NodeRecord(
+        return NodeReport(
             name=name,
             published=None,
             error=str(exc),
-            facts=node,
+            node_cordons=node,
             node_missing=facts is not None and node is None,
             ledger=ledger,
             ledger_error=ledger_error,
@@ -128,10 +128,10 @@ def node_record(
         node.cordons if node is not None else Cordons(),
         node.unschedulable if node is not None else False,
     )
-    return NodeRecord(
+    return NodeReport(
         name=published.node,
         published=published,
-        facts=node,
+        node_cordons=node,
         node_missing=facts is not None and node is None,
         ledger=ledger,
         ledger_error=ledger_error,

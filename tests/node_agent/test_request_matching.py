@@ -17,7 +17,7 @@ from node_agent.deviceplugin.container_spec import ENV_VISIBLE_DEVICES, SharingC
 from node_agent.deviceplugin.inventory import share_unit_id
 from node_agent.deviceplugin.record_store import InMemoryPodRecords, RecordStoreError
 from node_agent.deviceplugin.records import read_records
-from node_agent.deviceplugin.request_matching import AllocatorState, capacity_conflict, preferred_ids
+from node_agent.deviceplugin.request_matching import HandoutState, capacity_conflict, preferred_ids
 from tests.support.device_plugin import (
     MIG_GPU,
     app,
@@ -225,7 +225,7 @@ def test_preferred_allocation_falls_back_to_the_next_record_then_to_a_stable_ord
     records, _ = read_records(
         [bound_pod("old", whole(0), bound_at=1), bound_pod("new", whole(1), bound_at=2)], inv
     )
-    state = AllocatorState()
+    state = HandoutState()
     assert preferred_ids(GPU, [uuid(2), uuid(1)], [], 1, records, state, inv) == (uuid(1),)
     assert preferred_ids(GPU, [uuid(3), uuid(2)], [], 1, (), state, inv) == (uuid(2),)
     must = preferred_ids(GPU, [uuid(3), uuid(2)], [uuid(3)], 2, records, state, inv)
@@ -253,7 +253,7 @@ def test_resync_after_a_restart_keeps_consumed_records_consumed() -> None:
     restarted = AllocationBroker(inventory(), store, clock=Clock())
     restarted.resync()
     assert visible(restarted.allocate(GPU, [uuid(0)])) == [uuid(1)]
-    assert len(restarted.state.holds) == 2
+    assert len(restarted.state.claims) == 2
 
 
 def test_failed_write_backs_are_retried_on_reconcile() -> None:

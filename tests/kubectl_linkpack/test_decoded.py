@@ -8,12 +8,12 @@ from contract.cordons import Cordons, parse_cordons
 from contract.gpu_topology import decode_gpu_topology
 from contract.ledger import ledger_from_config_map
 from contract.node_state import build_node_state
-from kubectl_linkpack.snapshot import (
-    NodeRecord,
-    facts_by_name,
+from kubectl_linkpack.decoded import (
+    NodeReport,
+    cordons_by_node,
     ledgers_from,
     node_cordons,
-    node_record,
+    node_report,
     parse_time,
     pod_allocations,
 )
@@ -43,10 +43,10 @@ from .fakes import (
 )
 
 
-def _record(name: str, units_per_gpu: int = 100) -> NodeRecord:
+def _record(name: str, units_per_gpu: int = 100) -> NodeReport:
     ledgers, errors = ledgers_from(default_ledgers().values())
-    return node_record(
-        default_topologies()[name], facts_by_name(default_nodes().values()), ledgers, units_per_gpu, errors
+    return node_report(
+        default_topologies()[name], cordons_by_node(default_nodes().values()), ledgers, units_per_gpu, errors
     )
 
 
@@ -104,10 +104,10 @@ def test_a_malformed_gpu_topology_is_a_record_with_the_error() -> None:
 def test_a_topology_without_a_node_object_is_flagged_and_nothing_is_cordoned() -> None:
     """No Node object: no cordons, not unschedulable, and `node_missing` says so."""
     record = _record(LOST)
-    assert record.node_missing and record.facts is None and record.heartbeat is None
+    assert record.node_missing and record.node_cordons is None and record.heartbeat is None
     assert record.state is not None and all(u.usable for u in record.state.usage)
-    unknown = node_record(default_topologies()[LOST], None, {}, 100)
-    assert not unknown.node_missing and unknown.facts is None
+    unknown = node_report(default_topologies()[LOST], None, {}, 100)
+    assert not unknown.node_missing and unknown.node_cordons is None
 
 
 def test_node_facts_read_the_annotation_and_spec() -> None:

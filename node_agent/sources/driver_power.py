@@ -16,7 +16,7 @@ from node_agent.sources.nvml_reader import NvmlError, NvmlReader, PowerLimits, p
 
 
 @dataclass(frozen=True, slots=True)
-class DriverFacts:
+class DriverReading:
     """The NVIDIA driver's version ("550.54.15") and the CUDA version it runs ("12.4"); "" unknown."""
 
     driver_version: str = ""
@@ -24,10 +24,10 @@ class DriverFacts:
     problems: tuple[str, ...] = ()
 
 
-def read_driver(reader: NvmlReader | None) -> DriverFacts:
+def read_driver(reader: NvmlReader | None) -> DriverReading:
     """The driver facts; unknown without NVML or when NVML cannot say."""
     if reader is None:
-        return DriverFacts()
+        return DriverReading()
     problems: list[str] = []
     driver = cuda = ""
     try:
@@ -41,7 +41,7 @@ def read_driver(reader: NvmlReader | None) -> DriverFacts:
     if cuda and parse_cuda_version(cuda) is None:
         problems.append(f"CUDA driver version {cuda!r} is not MAJOR.MINOR; published as unknown")
         cuda = ""
-    return DriverFacts(driver, cuda, tuple(problems))
+    return DriverReading(driver, cuda, tuple(problems))
 
 
 @dataclass(frozen=True, slots=True)
