@@ -1,8 +1,8 @@
 """The embedded demo cluster: simulated GPU nodes whose node agents publish real topology records.
 
-Each node is a captured machine from the shared topology data. Its node agent runs discovery
-over a simulated NVML driven by that machine, and its record travels through the same
-topology codec (JSON) the real agent publishes into the GpuTopology object.
+Each node is a captured machine (`topology.catalog`; the demo's captures ship in the package). Its
+node agent runs discovery over a simulated NVML driven by that machine, and its record travels
+through the same topology codec (JSON) the real agent publishes into the GpuTopology object.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Named real machines (captured `nvidia-smi topo -m` outputs) for tests, demos and simulate mode.
 
-The files live in the shared data folder (`<shared>/data/topo`, see `shared_dir`). `topo -m` has
+The files live in the shared data folder (`<shared>/data/topo`, see `shared_dir`); the few the
+demo runs also ship inside this package (`topology/machines/`), so a bare install needs no
+shared folder for them. `topo -m` has
 no model, memory, UUID or PCI bus id: the profile supplies model and memory (memory is the
 usual `nvidia-smi` total for that part where known, else the nominal capacity in MiB), and
 `load_machine` synthesises deterministic UUIDs and PCI bus ids.
@@ -114,6 +116,17 @@ def topo_dir() -> Path:
     return shared_dir() / "data" / "topo"
 
 
+#: The captured outputs that ship with the package (the demo's machines).
+PACKAGED_DIR = Path(__file__).resolve().parent / "machines"
+
+
+def machine_file(profile: MachineProfile) -> Path:
+    """Where `profile`'s `topo -m` file is read from: the package's copy when it ships one,
+    else the shared data folder."""
+    packaged = PACKAGED_DIR / profile.file
+    return packaged if packaged.is_file() else topo_dir() / profile.file
+
+
 def machine_names() -> tuple[str, ...]:
     """Every name `load_machine` accepts, sorted (the synthetic DGX-2 included)."""
     return tuple(sorted((*MACHINES, DGX2)))
@@ -126,7 +139,14 @@ def load_machine(name_or_path: str | Path) -> NodeTopology:
         return synthetic_dgx2()
     profile = MACHINES.get(key)
     if profile is not None:
-        return _load(topo_dir() / profile.file, profile.name, profile.model, profile.memory_mib)
+        path = machine_file(profile)
+        if not path.is_file():
+            raise CatalogError(
+                f"machine {key!r}: its topology file {profile.file} is not in this package and "
+                f"the shared data folder {topo_dir()} does not have it (set ${SHARED_ENV} to the "
+                "folder holding data/topo)"
+            )
+        return _load(path, profile.name, profile.model, profile.memory_mib)
     path = Path(name_or_path)
     if path.suffix or path.parent != Path("."):
         return _load(path, path.stem, "", 0)

@@ -9,6 +9,8 @@ import pytest
 
 from topology.catalog import (
     MACHINES,
+    PACKAGED_DIR,
+    SHARED_ENV,
     CatalogError,
     load_machine,
     machine_names,
@@ -97,3 +99,28 @@ def test_synthetic_dgx2_is_sixteen_v100s_on_nvswitch() -> None:
     assert len(dgx2.gpu_links) == 120
     assert [g.numa_node for g in dgx2.gpus] == [0] * 8 + [1] * 8
     assert load_machine("dgx2") == dgx2
+
+
+def test_the_packaged_captures_are_the_shared_ones_byte_for_byte() -> None:
+    """Each `topo -m` file shipped in the package is a catalog machine's, identical to its capture
+    in the shared data folder."""
+    packaged = sorted(p.name for p in PACKAGED_DIR.glob("*.txt"))
+    assert packaged, "the demo's machines ship with the package"
+    assert set(packaged) <= {m.file for m in MACHINES.values()}
+    for name in packaged:
+        assert (PACKAGED_DIR / name).read_bytes() == (topo_dir() / name).read_bytes(), name
+
+
+def test_without_a_shared_folder_the_packaged_machines_load_and_the_others_say_where_to_look(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With the shared folder absent, every machine whose capture ships loads as it does with the
+    folder; any other names its file and the variable to set, without a traceback's worth of noise."""
+    shipped = [m for m in sorted(MACHINES) if (PACKAGED_DIR / MACHINES[m].file).is_file()]
+    with_shared = {m: load_machine(m) for m in shipped}
+    monkeypatch.setenv(SHARED_ENV, str(tmp_path / "absent"))
+    for name in shipped:
+        assert load_machine(name) == with_shared[name]
+    other = next(m for m in sorted(MACHINES) if m not in shipped)
+    with pytest.raises(CatalogError, match=rf"{MACHINES[other].file} is not in this package.*{SHARED_ENV}"):
+        load_machine(other)
