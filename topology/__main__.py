@@ -1,7 +1,9 @@
 """`python -m topology parse FILE [--model M --memory-mib N]` prints the topology as codec JSON.
 
-Bad input prints `error: line N: ...` to stderr and exits 2. The `place` subcommand is
-provided by `topology.placement_cli` when that module exists.
+FILE `-` reads standard input. Bad input prints `error: line N: ...` to stderr and exits 2. The
+`place` subcommand is provided by `topology.placement_cli` when that module exists. A reader
+that closes the pipe early (`| head`) ends the command quietly with status 141, as a process
+stopped by SIGPIPE.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +22,7 @@ from topology.codec import encode_topology
 from topology.smi_parser import TopologyParseError, parse_topo_matrix
 
 EXIT_BAD_INPUT = 2
+EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE, what a shell reports for a writer its reader left
 _Handler = Callable[[argparse.Namespace], int]
 
 
@@ -34,19 +38,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _add_parse_command(subparsers: Any) -> None:
     parse = subparsers.add_parser("parse", help="parse `nvidia-smi topo -m` output into topology JSON")
-    parse.add_argument("file", type=Path, help="a file holding `nvidia-smi topo -m` output")
+    parse.add_argument("file", help="a file holding `nvidia-smi topo -m` output, or - for standard input")
     parse.add_argument("--model", default="", help="GPU model to record on every GPU")
     parse.add_argument("--memory-mib", type=int, default=0, help="GPU memory (MiB) to record on every GPU")
     parse.set_defaults(handler=_run_parse)
 
 
 def _run_parse(args: argparse.Namespace) -> int:
-    path = cast(Path, args.file)
+    name = cast(str, args.file)
     try:
-        text = path.read_bytes().decode("utf-8", errors="replace")
+        raw = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
     except OSError as exc:
-        print(f"error: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"error: cannot read {name}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    text = raw.decode("utf-8", errors="replace")
     try:
         result = parse_topo_matrix(text, model=args.model, memory_mib=args.memory_mib)
     except TopologyParseError as exc:
@@ -68,5 +73,17 @@ def _add_place_command(subparsers: Any) -> None:
     place.set_defaults(handler=placement_cli.run)
 
 
+def run_command(argv: Sequence[str] | None = None) -> int:
+    """`main`, with a pipe its reader closed early ending the command quietly."""
+    try:
+        code = main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Nothing more can be written, and Python would report the failed flush at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE_CLOSED
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command())

@@ -1,7 +1,8 @@
 """`python -m topology place FILE --gpus K [--used 0,3] [--model M]`: place on a saved matrix.
 
-FILE is `nvidia-smi topo -m` output. Prints JSON: `gpus` (chosen indices) and `score`, or
-`reason` and `resolvable` on a misfit. Exit status 0 on a placement, 1 on a misfit, 2 on bad
+FILE is `nvidia-smi topo -m` output (`-`: standard input). Prints JSON: `gpus` (chosen indices)
+and `score` (and `uuids` when the input names them, which `topo -m` output does not), or `reason`
+and `resolvable` on a misfit. Exit status 0 on a placement, 1 on a misfit, 2 on bad
 input (unreadable file, matrix that does not parse, bad GPU list).
 """
 
@@ -63,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         score = asdict(outcome.score)
         score["terms"] = dict(outcome.score.terms)
-        doc = {"gpus": list(outcome.gpus), "uuids": [g.uuid for g in outcome.grants], "score": score}
+        doc = {"gpus": list(outcome.gpus), "score": score}
+        if all(g.uuid for g in outcome.grants):
+            doc["uuids"] = [g.uuid for g in outcome.grants]
     if parsed.warnings:
         doc["warnings"] = list(parsed.warnings)
     print(json.dumps(doc, indent=2, sort_keys=True))

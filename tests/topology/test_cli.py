@@ -62,3 +62,34 @@ def test_parse_missing_file_exits_2(tmp_path: Path) -> None:
     done = run_cli("parse", str(tmp_path / "nope.txt"))
     assert done.returncode == 2
     assert done.stderr.startswith("error: cannot read") and "No such file" in done.stderr
+
+
+def test_parse_dash_reads_standard_input_like_a_file() -> None:
+    """`parse -` reads the matrix from standard input and prints what `parse FILE` prints."""
+    path = topo_dir() / "hgx-h100-8gpu-no-nic.txt"
+    from_stdin = subprocess.run(
+        [sys.executable, "-m", "topology", "parse", "-"],
+        input=path.read_text(),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert from_stdin.returncode == 0, from_stdin.stderr
+    assert from_stdin.stdout == run_cli("parse", str(path)).stdout
+
+
+def test_a_reader_that_closes_the_pipe_early_gets_no_traceback() -> None:
+    """`parse FILE | head`: the reader is gone before the JSON is written; the command ends with
+    the SIGPIPE status and nothing on stderr."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "topology", "parse", str(topo_dir() / "dgx-a100-40gb-8gpu-10nic-8numa.txt")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == 141
+    assert err == b""

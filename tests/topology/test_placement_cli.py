@@ -31,6 +31,7 @@ def test_a_placement_prints_the_gpus_and_the_score(matrix: Path, capsys: pytest.
     doc = json.loads(capsys.readouterr().out)
     assert doc["gpus"] == [2]
     assert doc["score"]["leftover_gbps"] == 300.0
+    assert "uuids" not in doc  # `topo -m` output names no UUIDs: none are made up
 
 
 def test_a_pair_is_the_bridged_pair(matrix: Path, capsys: pytest.CaptureFixture[str]) -> None:
