@@ -36,23 +36,38 @@ def _positive(text: str) -> int:
     return value
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kubectl linkpack", description="Linkpack's view of the cluster's GPUs (see the operator guide)."
+def _add_global_flags(p: argparse.ArgumentParser, *, after_command: bool = False) -> None:
+    """The flags every command takes. kubectl lets them stand before or after the command, so
+    each command's parser takes them too, without defaults of its own (a flag given before the
+    command is not reset by one parsed after it)."""
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if after_command else value
+
+    p.add_argument(
+        "--kubeconfig",
+        default=default(None),
+        help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)",
     )
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
-    p.add_argument("--context", help="kubeconfig context to use")
+    p.add_argument("--context", default=default(None), help="kubeconfig context to use")
     p.add_argument(
         "--system-namespace",
-        default=DEFAULT_NAMESPACE,
+        default=default(DEFAULT_NAMESPACE),
         help=f"Linkpack's namespace, where the ledgers are (default {DEFAULT_NAMESPACE})",
     )
     p.add_argument(
         "--units-per-gpu",
         type=_positive,
-        default=None,
+        default=default(None),
         help="share units per GPU, as the extender is configured (default $LINKPACK_UNITS_PER_GPU or 100)",
     )
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kubectl linkpack", description="Linkpack's view of the cluster's GPUs (see the operator guide)."
+    )
+    _add_global_flags(p)
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("nodes", help="GPUs per node: free, shared, whole, unhealthy, cordoned")
     topo = sub.add_parser("topo", help="a node's link matrix with kinds and GB/s, and its GPUs' state")
@@ -69,6 +84,8 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get(URL_ENV),
         help=f"ask the extender here (default ${URL_ENV}, else the API server's proxy to {EXTENDER_SERVICE})",
     )
+    for command in sub.choices.values():
+        _add_global_flags(command, after_command=True)
     return p
 
 
