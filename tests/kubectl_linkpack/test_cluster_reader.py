@@ -253,3 +253,16 @@ current-context: fake
     http.routes[f"{PROXY}/debug/explain/ml/trainer"] = (200, bound_doc())
     assert reader.explain("ml", "trainer").status == 200
     assert http.tokens[-1][1] == "Bearer from-env"
+
+
+def test_explain_against_a_plain_http_extender_needs_no_credentials(
+    http: FakeHttp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo's extender serves without authentication on plain HTTP: with no kubeconfig and no
+    $LINKPACK_TOKEN, explain asks it without a token instead of failing."""
+    monkeypatch.delenv("LINKPACK_TOKEN", raising=False)
+    http.routes["/debug/explain/ml/trainer"] = (200, bound_doc())
+    missing = str(tmp_path / "no-kubeconfig")
+    assert main(["--kubeconfig", missing, "explain", "ml/trainer", "--extender-url", http.url]) == 0
+    assert capsys.readouterr().out.startswith("Pod ml/trainer: bound")
+    assert http.tokens[-1] == ("", "")
