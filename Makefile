@@ -16,7 +16,13 @@ $(VENV)/.installed: pyproject.toml
 proto: $(VENV)/.installed
 	$(PY) -m node_agent.deviceplugin.build_proto
 
-demo: $(VENV)/.installed proto
+# The demo needs only Linkpack's runtime dependencies (the test tools come with `make test`).
+$(VENV)/.runtime: pyproject.toml
+	@if [ -f $(VENV)/.installed ] && [ $(VENV)/.installed -nt pyproject.toml ]; then touch $@; else \
+		echo "make demo: installing Linkpack and its runtime dependencies into $(VENV) (first run only)"; \
+		$(PYTHON) -m venv $(VENV) && $(PY) -m pip install --disable-pip-version-check -e . && touch $@; fi
+
+demo: $(VENV)/.runtime
 	$(PY) -m demo
 
 # The C (C_SOURCES) against .clang-format; clang-format comes from the Debian package, installed with

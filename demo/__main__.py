@@ -22,7 +22,7 @@ import uvicorn
 from demo.cluster import DemoNode, build_cluster
 from demo.real_cluster import DEMO_SCHEDULER, RealClusterPods
 from demo.report import Outcome, render_report
-from demo.workload import pod_stream
+from demo.workload import DEMO_NAMESPACE, pod_stream
 from extender.config import ExtenderConfig
 from extender.kube.client import KubeClusterApi, load_client
 from extender.service import ExtenderService, handlers_for
@@ -41,6 +41,26 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def where_to_look(base: str, nodes: list[str], outcomes: list[Outcome]) -> str:
+    """The extender's pages, and how to ask why a pod the demo could not place is pending."""
+    lines = [
+        "",
+        f"Extender: {base}",
+        f"  every node:  {base}/debug/topology",
+        f"  metrics:     {base}/metrics",
+    ]
+    if nodes:
+        lines.append(f"  one node:    {base}/debug/topology/{nodes[0]}")
+    pending = next((o for o in outcomes if not o.node), None)
+    if pending is not None:
+        lines += [
+            f"Why is pod {DEMO_NAMESPACE}/{pending.pod} pending?",
+            f"  kubectl linkpack explain {DEMO_NAMESPACE}/{pending.pod} --extender-url {base}",
+            f"  (or {base}/debug/explain/{DEMO_NAMESPACE}/{pending.pod})",
+        ]
+    return "\n".join(lines)
 
 
 def schedule(http: httpx.Client, pod: dict[str, Any], nodes: list[str]) -> Outcome:
@@ -163,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             outcomes.append(schedule(http, created, names))
         elapsed = time.perf_counter() - started
     print(render_report(nodes, service, target, outcomes, elapsed))
-    print(f"\nExtender: {base}  (metrics: {base}/metrics, debug: {base}/debug/topology)")
+    print(where_to_look(base, names, outcomes))
     try:
         if args.once:
             return 0

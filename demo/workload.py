@@ -5,6 +5,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
+#: The namespace of the demo's pods.
+DEMO_NAMESPACE = "demo"
+
 # (weight, kind, amount): whole GPUs by count, or (share units, memory MiB) for shares.
 _MIX: tuple[tuple[int, str, tuple[int, int]], ...] = (
     (30, "whole", (1, 0)),
@@ -31,7 +34,7 @@ def pod_stream(count: int, seed: int = 7) -> list[dict[str, Any]]:
             name = f"infer-{i:03d}-{a}u"
         pods.append(
             {
-                "metadata": {"name": name, "namespace": "demo", "annotations": {}},
+                "metadata": {"name": name, "namespace": DEMO_NAMESPACE, "annotations": {}},
                 "spec": {
                     "schedulerName": "linkpack",
                     "containers": [

@@ -18,6 +18,8 @@ def test_the_demo_schedules_a_mixed_stream_and_reports(capsys: pytest.CaptureFix
     assert "Scheduled " in out and "through HTTP filter/prioritize/bind" in out
     assert "hgx-h100-0" in out and "NV18 450 GB/s" in out
     assert "fragmentation" in out
+    assert "/debug/topology/hgx-h100-0" in out  # one node's page
+    assert "kubectl linkpack explain demo/" in out  # how to ask why a pod waits
 
 
 def test_the_demo_cluster_builds_without_the_shared_data_folder(
