@@ -8,6 +8,9 @@ compares and names the files that differ. The chart (charts/linkpack) is the one
   cert-manager certificates, Prometheus Operator objects, the host scheduler's config file);
 - the CRDs (charts/linkpack/crds/) and the Grafana dashboard are copied byte for byte.
 manifests/kustomization.yaml and manifests/examples/ are written by hand.
+Without a cluster Helm assumes a Kubernetes version of its own: the rendering names
+`KUBE_VERSION`, the release the cluster tests build (tests/cluster/k8s/go.mod), so the
+scheduler's image (chart value scheduler.image, the cluster's version by default) is that one.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART = REPO_ROOT / "charts" / "linkpack"
 MANIFESTS = REPO_ROOT / "manifests"
 RELEASE, NAMESPACE = "linkpack", "linkpack-system"
+# The Kubernetes version manifests/ is rendered for: k8s.io/kubernetes of tests/cluster/k8s/go.mod.
+KUBE_VERSION = "v1.36.3"
 PUBLISH_SWITCHES = (
     "namespace.create=true",
     "certManager.enabled=true",
     "monitoring.podMonitors=true",
     "monitoring.alerts=true",
     "hostSchedulerConfig.render=true",
+    "routing.render=true",
 )
 COPIED = {
     "crds/gputopology.yaml": "crd-gputopology.yaml",
@@ -75,6 +81,7 @@ def render_all(helm: Path | None = None) -> dict[str, str]:
     """Every generated file under manifests/: relative path -> content."""
     helm = helm or ensure_helm()
     switches = [arg for switch in PUBLISH_SWITCHES for arg in ("--set", switch)]
+    switches += ["--kube-version", KUBE_VERSION]
     files = {
         path: "---\n".join(docs) for path, docs in split_by_template(helm_template(helm, *switches)).items()
     }

@@ -77,3 +77,61 @@ extenders:
       - name: {{ .Values.resourceNames.memory }}
         ignoredByScheduler: true
 {{- end }}
+
+{{/* The pods' imagePullSecrets, from the chart value imagePullSecrets (Secret names; an entry
+{name: ...} is taken as well). Nothing when the list is empty. */}}
+{{- define "linkpack.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ if kindIs "map" . }}{{ .name }}{{ else }}{{ . }}{{ end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Where a pod may run: nodeSelector, affinity and tolerations of one workload's values
+(extender, scheduler, nodeAgent), each left out when empty. */}}
+{{- define "linkpack.placement" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* The kube-scheduler image: scheduler.image.repository with scheduler.image.tag, or with the
+cluster's own Kubernetes version when the tag is empty (within the version-skew policy of the
+API server whatever its version). A string scheduler.image is the whole image. */}}
+{{- define "linkpack.schedulerImage" -}}
+{{- $image := .Values.scheduler.image -}}
+{{- if kindIs "string" $image -}}
+{{ $image }}
+{{- else -}}
+{{ $image.repository }}:{{ $image.tag | default (include "linkpack.kubeVersionTag" .Capabilities.KubeVersion) }}
+{{- end -}}
+{{- end }}
+
+{{/* vMAJOR.MINOR.PATCH of a KubeVersion (fields Version, Major, Minor): Version cut at its first
+"-" or "+" (a provider's v1.33.2-eks-4f2a1c gives v1.33.2, v1.34.1+k3s1 gives v1.34.1). Should
+that be no plain version, vMAJOR.MINOR.0 from the digits of Major and Minor (some providers
+report the minor as "33+"). */}}
+{{- define "linkpack.kubeVersionTag" -}}
+{{- $cut := regexReplaceAll "[-+].*$" (toString .Version) "" | trimPrefix "v" -}}
+{{- if regexMatch "^[0-9]+\\.[0-9]+\\.[0-9]+$" $cut -}}
+v{{ $cut }}
+{{- else -}}
+{{- $major := regexReplaceAll "[^0-9]" (toString .Major) "" -}}
+{{- $minor := regexReplaceAll "[^0-9]" (toString .Minor) "" -}}
+{{- if not (and $major $minor) -}}
+{{- fail (printf "cannot tell the cluster's Kubernetes version from %q: set scheduler.image.tag" (toString .Version)) -}}
+{{- end -}}
+v{{ $major }}.{{ $minor }}.0
+{{- end -}}
+{{- end }}
