@@ -478,6 +478,8 @@ def test_helm_install_creates_the_installation_on_a_real_api_server(
     admission: Any = client.AdmissionregistrationV1Api(api)
     names = {p.metadata.name for p in admission.list_validating_admission_policy().items}
     assert {"linkpack-node-agent-own-node", "linkpack-ledger-writers"} <= names
+    # the API server serves MutatingAdmissionPolicy (1.36+), so the routing policy is installed
+    assert _mutating_policies(admission) == {"linkpack-route-gpu-pods"}
     rbac: Any = client.RbacAuthorizationV1Api(api)
     assert rbac.read_cluster_role("linkpack-extender").rules
 
@@ -486,9 +488,14 @@ def test_helm_install_creates_the_installation_on_a_real_api_server(
     assert "linkpack" in _run(helm, "list", "-n", NAMESPACE, "-q", *kube).split()
 
     _run(helm, "uninstall", "linkpack", "-n", NAMESPACE, *kube)
+    assert _mutating_policies(admission) == set()
     assert NAMESPACE not in {
         d.metadata.namespace
         for d in apps.list_deployment_for_all_namespaces(
             label_selector="app.kubernetes.io/part-of=linkpack"
         ).items
     }
+
+
+def _mutating_policies(admission: Any) -> set[str]:
+    return {p.metadata.name for p in admission.list_mutating_admission_policy().items}
