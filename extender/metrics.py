@@ -22,10 +22,16 @@ class _CapacityCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         gpus = GaugeMetricFamily(
-            "linkpack_gpus", "GPUs by node, model and state", labels=["node", "model", "state"]
+            "linkpack_gpus",
+            "GPUs by node, model and state: free, shared (shares or MIG instances granted), "
+            "allocated (granted whole), unavailable (unhealthy or cordoned)",
+            labels=["node", "model", "state"],
         )
         memory = GaugeMetricFamily(
-            "linkpack_gpu_memory_mib", "GPU memory by node and state", labels=["node", "model", "state"]
+            "linkpack_gpu_memory_mib",
+            "GPU memory in MiB by node, model and state: free (still grantable on usable GPUs), "
+            "allocated (granted)",
+            labels=["node", "model", "state"],
         )
         for node in self._nodes():
             counts: dict[tuple[str, str], int] = {}
@@ -89,11 +95,15 @@ class ExtenderMetrics:
             registry=self.registry,
         )
         self.bind_failures = Counter(
-            "linkpack_extender_bind_failures_total", "Binds that failed", ["reason"], registry=self.registry
+            "linkpack_extender_bind_failures_total",
+            "Binds that failed, by the error (its text after the first colon, at most 60 characters)",
+            ["reason"],
+            registry=self.registry,
         )
         self.rollbacks = Counter(
             "linkpack_extender_rollbacks_total",
-            "Committed allocations removed again (failed bind or stale reservation)",
+            "Ledger entries released, by reason: a failed bind, a reservation never used, or a pod "
+            "that left (deleted, finished, re-created)",
             ["reason"],
             registry=self.registry,
         )

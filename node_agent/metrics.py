@@ -133,13 +133,38 @@ class AgentMetrics:
         self._device_plugins = _DevicePluginCollector()
         r.register(self._device_plugins)
         gpu = ("gpu", "uuid")
-        self.utilization = Gauge("linkpack_gpu_utilization_percent", "GPU busy percent", gpu, registry=r)
-        self.memory_used = Gauge("linkpack_gpu_memory_used_bytes", "GPU memory in use", gpu, registry=r)
-        self.memory_total = Gauge("linkpack_gpu_memory_total_bytes", "GPU memory size", gpu, registry=r)
-        self.healthy = Gauge("linkpack_gpu_healthy", "1 when the GPU is healthy", gpu, registry=r)
-        self.cordoned = Gauge("linkpack_gpu_cordoned", "1 when the GPU is cordoned", gpu, registry=r)
+        self.utilization = Gauge(
+            "linkpack_gpu_utilization_percent",
+            "Percent of NVML's last sample period in which a kernel ran on the GPU",
+            gpu,
+            registry=r,
+        )
+        self.memory_used = Gauge(
+            "linkpack_gpu_memory_used_bytes",
+            "GPU memory in use, all processes and the driver (NVML)",
+            gpu,
+            registry=r,
+        )
+        self.memory_total = Gauge(
+            "linkpack_gpu_memory_total_bytes", "GPU memory size (NVML)", gpu, registry=r
+        )
+        self.healthy = Gauge(
+            "linkpack_gpu_healthy",
+            "1 when the GPU is healthy, 0 while the agent keeps it out of service (XID, ECC, unreadable)",
+            gpu,
+            registry=r,
+        )
+        self.cordoned = Gauge(
+            "linkpack_gpu_cordoned",
+            "1 when the node's linkpack.io/cordoned-gpus annotation names the GPU",
+            gpu,
+            registry=r,
+        )
         self.xids = Counter(
-            "linkpack_gpu_xid_events", "XID events seen", (*gpu, "xid", "severity"), registry=r
+            "linkpack_gpu_xid_events",
+            "XID and ECC events of the driver (xid 0: an ECC event), by the severity the agent gave them",
+            (*gpu, "xid", "severity"),
+            registry=r,
         )
         pod = ("namespace", "pod", "gpu")
         self.pod_allocated = Gauge(
@@ -156,14 +181,22 @@ class AgentMetrics:
             registry=r,
         )
         self.kills = Counter(
-            "linkpack_watchdog_kills", "Processes killed for exceeding their share", pod, registry=r
+            "linkpack_watchdog_kills",
+            "Watchdog polls that killed a pod's processes on a GPU for exceeding its memory share "
+            "(--watchdog-kill)",
+            pod,
+            registry=r,
         )
         self.heartbeat = Gauge(
             "linkpack_agent_last_publish_timestamp_seconds",
-            "When the topology status was last written",
+            "Unix time of the last successful write of the node's GpuTopology status (0: none since start)",
             registry=r,
         )
-        self.publish_errors = Counter("linkpack_agent_publish_errors", "Failed topology writes", registry=r)
+        self.publish_errors = Counter(
+            "linkpack_agent_publish_errors",
+            "Failed writes of the node's GpuTopology (spec or status)",
+            registry=r,
+        )
 
     def observe_gpus(self, samples: Iterable[GpuSample]) -> None:
         for s in samples:
