@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from topology.scoring import RawTerms
 
@@ -94,3 +95,42 @@ def choose_node(candidates: Sequence[RawTerms]) -> RawTerms | None:
         return None
     best = best_bottleneck(candidates)
     return min(candidates, key=lambda t: decision_key(t, best))
+
+
+#: What each place of a `DecisionKey` ranks by, for saying why one node beat another.
+DECISION_STEPS = (
+    "fragmentation",
+    "CPU/GPU balance",
+    "CPU shortfall",
+    "ring bottleneck",
+    "name order",
+    "name order",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChoice:
+    """The node chosen, the one ranked next (None when it was the only candidate), and the first
+    step of the ranking that told them apart (`DECISION_STEPS`; "" without a runner-up)."""
+
+    chosen: RawTerms
+    runner_up: RawTerms | None = None
+    decided_by: str = ""
+
+
+def explain_choice(chosen: RawTerms, runner_up: RawTerms | None, best_bottleneck: float) -> NodeChoice:
+    """`NodeChoice` for two candidates ranked against the same best ring bottleneck."""
+    if runner_up is None:
+        return NodeChoice(chosen)
+    first, second = decision_key(chosen, best_bottleneck), decision_key(runner_up, best_bottleneck)
+    step = next((i for i, (a, b) in enumerate(zip(first, second, strict=True)) if a != b), len(first) - 1)
+    return NodeChoice(chosen, runner_up, DECISION_STEPS[step])
+
+
+def ranked_choice(candidates: Sequence[RawTerms]) -> NodeChoice | None:
+    """`choose_node`'s choice with the runner-up and why it lost (None without candidates)."""
+    if not candidates:
+        return None
+    best = best_bottleneck(candidates)
+    first, *rest = sorted(candidates, key=lambda t: decision_key(t, best))
+    return explain_choice(first, rest[0] if rest else None, best)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from topology.node_choice import NodeChoice
 from topology.scheduling import Misfit, Placement
 
 
@@ -22,3 +23,6 @@ class FilterOutcome:
     #: For an answer narrowed to the one node the policy chose: the answer it was narrowed from
     #: (its other passing nodes are the ones `failed` adds, each naming the chosen node).
     narrowed_from: FilterOutcome | None = None
+    #: For a narrowed answer: the chosen node's and the runner-up's terms, and what told them
+    #: apart (for the explain log; not on the wire).
+    choice: NodeChoice | None = None

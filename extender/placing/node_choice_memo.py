@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from extender.placing.filter_outcome import FilterOutcome
 from extender.placing.reference import narrowed
-from topology.node_choice import DecisionKey, best_bottleneck, decision_key
+from topology.node_choice import DecisionKey, NodeChoice, best_bottleneck, decision_key, explain_choice
 from topology.scoring import RawTerms
 
 #: A passing node's scoring terms for the pod (None when it has none).
@@ -40,6 +40,7 @@ class ChoiceMemo:
     best: float = 0.0  # the best multi-GPU ring bottleneck among the terms (0.0: none)
     at_best: int = 0  # how many nodes have it
     chosen: str | None = None
+    choice: NodeChoice | None = None  # the chosen node, the runner-up and why (the answer's)
     answer: FilterOutcome | None = None
     #: names that joined or left the node list since the last decision (the list moved)
     listed_changes: set[str] = field(default_factory=set)
@@ -64,10 +65,17 @@ class ChoiceMemo:
         else:
             self._rank_changed(changed, terms_of, passes)
         self.cluster_version = cluster_version
-        chosen = self._lowest()
-        if self.answer is None or chosen != self.chosen or outcome is not self.source:
-            self.answer = outcome if chosen is None else narrowed(outcome, chosen)
-        self.source, self.chosen = outcome, chosen
+        chosen, runner_up = self._lowest_two()
+        choice = None
+        if chosen is not None:
+            chosen_terms = self.terms[chosen]
+            assert chosen_terms is not None  # only nodes with terms have keys
+            choice = explain_choice(
+                chosen_terms, self.terms[runner_up] if runner_up is not None else None, self.best
+            )
+        if self.answer is None or choice != self.choice or outcome is not self.source:
+            self.answer = outcome if choice is None else narrowed(outcome, choice)
+        self.source, self.chosen, self.choice = outcome, chosen, choice
         return self.answer
 
     def _rank_all(self, outcome: FilterOutcome, terms_of: TermsOf) -> None:
@@ -115,6 +123,18 @@ class ChoiceMemo:
     def _reheap(self) -> None:
         self.heap = list(self.keys.values())
         heapq.heapify(self.heap)
+
+    def _lowest_two(self) -> tuple[str | None, str | None]:
+        """The nodes with the lowest and the next lowest current decision key."""
+        chosen = self._lowest()
+        if chosen is None:
+            return None, None
+        top = heapq.heappop(self.heap)
+        while self.heap and (self.heap[0][-1] == chosen or self.keys.get(self.heap[0][-1]) != self.heap[0]):
+            heapq.heappop(self.heap)  # stale, or a second copy of the chosen node's key
+        runner_up = self.heap[0][-1] if self.heap else None
+        heapq.heappush(self.heap, top)
+        return chosen, runner_up
 
     def _lowest(self) -> str | None:
         """The node with the lowest current decision key (keys end with the node's name; heap

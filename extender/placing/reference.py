@@ -9,7 +9,8 @@ For one pod (`PodRequest`) over the node names kube-scheduler sends, on one `Clu
 2. **Filter** (`filter_nodes`): the nodes with a placement pass; the rest fail with their
    reason, resolvable misfits as `FailedNodes` and the others as `FailedAndUnresolvableNodes`.
    When the pod's policy decides the node (`decideNode`) and several pass, the one
-   `topology.node_choice.choose_node` picks is the only one that passes (`narrowed`).
+   `topology.node_choice.choose_node` picks is the only one that passes (`narrowed`); the
+   answer keeps the runner-up and the step of the ranking that told them apart, for explain.
 3. **Prioritize** (`prioritize_nodes`): each node with a placement gets its scoring terms
    (`topology.scoring.node_terms`: link quality, fragmentation, packing, CPU balance), and the
    policy's weights mix them into a 0..10 score (`combine`).
@@ -28,7 +29,7 @@ from contract.scheduling_policy import cuda_version_tuple
 from extender.placing.filter_outcome import FilterOutcome
 from extender.state.pod_requests import PodRequest
 from extender.state.snapshot import ClusterSnapshot, TrackedNode
-from topology.node_choice import choose_node
+from topology.node_choice import NodeChoice, ranked_choice
 from topology.placement import place
 from topology.scheduling import Misfit, MisfitReason, Outcome, Placement
 from topology.scoring import (
@@ -116,12 +117,13 @@ def chosen_reason(node: str) -> str:
     return f"linkpack chose node {node} for this pod (its policy decides the node)"
 
 
-def narrowed(outcome: FilterOutcome, chosen: str) -> FilterOutcome:
-    """`outcome` with only `chosen` passing; the other passing nodes fail naming it."""
+def narrowed(outcome: FilterOutcome, choice: NodeChoice) -> FilterOutcome:
+    """`outcome` with only the chosen node passing; the other passing nodes fail naming it."""
+    chosen = choice.chosen.node
     others = dict.fromkeys(outcome.passed, chosen_reason(chosen))
     del others[chosen]
     return FilterOutcome(
-        (chosen,), {**outcome.failed, **others}, outcome.unresolvable, {}, outcome.misfits, outcome
+        (chosen,), {**outcome.failed, **others}, outcome.unresolvable, {}, outcome.misfits, outcome, choice
     )
 
 
@@ -152,8 +154,8 @@ def filter_nodes(snapshot: ClusterSnapshot, pod: PodRequest, node_names: Sequenc
         if (terms := scoring_terms(snapshot, name, pod, node_outcome(snapshot, name, pod), fragmentation))
         is not None
     ]
-    chosen = choose_node(candidates)
-    return answer if chosen is None else narrowed(answer, chosen.node)
+    choice = ranked_choice(candidates)
+    return answer if choice is None else narrowed(answer, choice)
 
 
 def prioritize_nodes(snapshot: ClusterSnapshot, pod: PodRequest, node_names: Sequence[str]) -> Ranking:

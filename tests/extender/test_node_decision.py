@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
 from contract.compute_demand import ComputeDemand
 from contract.gpu_topology import as_published
@@ -14,6 +15,7 @@ from extender.kube.in_memory import InMemoryCluster
 from extender.kube.translate import node_facts, tracked_pod
 from extender.placing import reference
 from extender.service import ExtenderService, handlers_for
+from extender.serving.app import create_app
 from extender.state.pod_requests import PodRequest, read_pod_request
 from extender.state.snapshot import NodeFacts, TrackedPod
 from extender.state.store import ClusterStore
@@ -179,3 +181,25 @@ def test_gpu_pods_asking_for_no_cpu_fill_one_node_after_another() -> None:
         assert bound["Error"] == ""
         used[node] = used.get(node, 0) + 1
     assert sorted(used.values()) == [8] * 5
+
+
+def test_explain_of_a_decided_pod_names_the_runner_up_its_scores_and_why_it_lost(
+    deciding: tuple[ExtenderService, InMemoryCluster],
+) -> None:
+    """The scheduler never prioritizes a pod whose filter answer names one node, so explain
+    scores the chosen node and the runner-up it was weighed against, and says which step of
+    the ranking told them apart."""
+    service, cluster = deciding
+    pod = cluster.create_pod(_with_cpu(pod_manifest("weighed", gpus=1), "4"))
+    (chosen,) = service.filter(filter_args(pod, NODES))["NodeNames"]
+    with TestClient(create_app(service)) as http:
+        doc = http.get("/debug/explain/ml/weighed").json()
+    (runner_up,) = [n for n in NODES if n != chosen]
+    assert doc["decision"]["chosen"] == chosen and doc["decision"]["runnerUp"] == runner_up
+    assert doc["decision"]["decidedBy"] in (
+        "fragmentation", "CPU/GPU balance", "CPU shortfall", "ring bottleneck", "name order",
+    )  # fmt: skip
+    assert doc["summary"].endswith(f"chosen over {runner_up} by {doc['decision']['decidedBy']}")
+    rows = {r["node"]: r for r in doc["nodes"]}
+    assert rows[chosen]["score"] is not None and rows[runner_up]["score"] is not None
+    assert rows[runner_up]["filter"] == "failed" and chosen in rows[runner_up]["reason"]

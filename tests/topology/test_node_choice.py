@@ -13,6 +13,7 @@ from topology.node_choice import (
     choose_node,
     decision_key,
     name_rank,
+    ranked_choice,
 )
 from topology.scheduling import Placement, ScoreBreakdown
 from topology.scoring import RawTerms, cpu_gpu_imbalance, cpu_shortfall, imbalance_change
@@ -168,3 +169,23 @@ def test_decide_node_defaults_to_true_and_must_be_a_flag() -> None:
     assert not decode_scheduling_policy(_policy({"decideNode": False})).decide_node
     with pytest.raises(PolicyError, match="decideNode"):
         decode_scheduling_policy(_policy({"decideNode": "yes"}))
+
+
+def test_the_choice_names_the_runner_up_and_the_step_that_told_them_apart() -> None:
+    """`ranked_choice` agrees with `choose_node` and names the first step where the runner-up
+    lost: fragmentation, balance, shortfall, ring, and for equal nodes the name order."""
+    cases = [
+        ([_terms("a", 0.0), _terms("b", -FRAGMENTATION_STEP_MILLI)], "fragmentation"),
+        ([_terms("x", 10.0, 0.05), _terms("y", 20.0, 0.5)], "CPU/GPU balance"),
+        ([_terms("u", 0.0, 0.1, cpu_short=0.0), _terms("v", 0.0, 0.1, cpu_short=0.5)], "CPU shortfall"),
+        ([_terms("p", 0.0, ring=300.0), _terms("q", 0.0, ring=100.0)], "ring bottleneck"),
+        ([_terms("node-a", 0.0), _terms("node-b", 0.0)], "name order"),
+    ]
+    for candidates, step in cases:
+        choice = ranked_choice(candidates)
+        assert choice is not None and choice.chosen is choose_node(candidates), step
+        assert choice.runner_up is not None and choice.runner_up is not choice.chosen
+        assert choice.decided_by == step
+    alone = ranked_choice([_terms("solo", 0.0)])
+    assert alone is not None and alone.runner_up is None and alone.decided_by == ""
+    assert ranked_choice([]) is None

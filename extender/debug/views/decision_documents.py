@@ -19,8 +19,9 @@ from extender.explain_log import PodDecisions
 from extender.placing.filter_outcome import FilterOutcome
 from extender.state.pod_requests import PodRequest, RequestError
 from extender.state.snapshot import TrackedPod
+from topology.node_choice import NodeChoice
 from topology.scheduling import GpuShare, MigSlice, MisfitReason, Placement, Policy, Request, WholeGpus
-from topology.scoring import NodeRanking, Ranking
+from topology.scoring import NodeRanking, Ranking, combine
 
 
 def policy_doc(policy: Policy) -> Doc:
@@ -221,11 +222,17 @@ class ExplainInputs:
 def explain_doc(inputs: ExplainInputs) -> Doc:
     """GET /debug/explain/{ns}/{pod}: why the pod is pending, or why it got its node and GPUs."""
     d = inputs.decisions
+    choice = d.filtered.choice if d is not None and d.filtered is not None else None
     filtered = settled(d.filtered if d else None)
     ranking = d.ranking if d else None
+    if ranking is None and choice is not None and d is not None and isinstance(d.request, PodRequest):
+        # the policy decided the node, so nothing was prioritized: score the two it weighed
+        ranking = combine([t for t in (choice.chosen, choice.runner_up) if t is not None], d.request.policy)
     rows = decision_rows(filtered, ranking)
     bound = entry_doc(inputs.allocation[1]) if inputs.allocation else None
     status, summary = _status(inputs, filtered, rows, bound)
+    if choice is not None and choice.runner_up is not None:
+        summary += f"; chosen over {choice.runner_up.node} by {choice.decided_by}"
     doc: Doc = {
         "pod": {
             "namespace": inputs.namespace,
@@ -239,6 +246,7 @@ def explain_doc(inputs: ExplainInputs) -> Doc:
         "lastDecisionAt": iso_time(d.at) if d else None,
         "filter": _filter_doc(filtered),
         "best": best_doc(rows),
+        "decision": _choice_doc(choice),
         "bound": bound,
         "bindError": d.bind_error if d else "",
         "nodes": rows,
@@ -248,6 +256,19 @@ def explain_doc(inputs: ExplainInputs) -> Doc:
         now = what_if_doc(inputs.now)
         doc["now"] = {"summary": now["summary"], "best": now["best"], "passed": now["passed"]}
     return doc
+
+
+def _choice_doc(choice: NodeChoice | None) -> Doc | None:
+    """When the pod's policy decided the node: the node chosen, the runner-up, and the first step
+    of the ranking (`topology.node_choice`) that told them apart."""
+    if choice is None:
+        return None
+    runner_up = choice.runner_up
+    return {
+        "chosen": choice.chosen.node,
+        "runnerUp": runner_up.node if runner_up is not None else None,
+        "decidedBy": choice.decided_by or None,
+    }
 
 
 def _filter_doc(filtered: FilterOutcome | None) -> Doc | None:
