@@ -118,13 +118,18 @@ class NodeChoice:
     decided_by: str = ""
 
 
+def decided_by(first: DecisionKey, second: DecisionKey) -> str:
+    """The step of the ranking (`DECISION_STEPS`) at which two nodes' decision keys part."""
+    step = next((i for i, (a, b) in enumerate(zip(first, second, strict=True)) if a != b), len(first) - 1)
+    return DECISION_STEPS[step]
+
+
 def explain_choice(chosen: RawTerms, runner_up: RawTerms | None, best_bottleneck: float) -> NodeChoice:
     """`NodeChoice` for two candidates ranked against the same best ring bottleneck."""
     if runner_up is None:
         return NodeChoice(chosen)
-    first, second = decision_key(chosen, best_bottleneck), decision_key(runner_up, best_bottleneck)
-    step = next((i for i, (a, b) in enumerate(zip(first, second, strict=True)) if a != b), len(first) - 1)
-    return NodeChoice(chosen, runner_up, DECISION_STEPS[step])
+    step = decided_by(decision_key(chosen, best_bottleneck), decision_key(runner_up, best_bottleneck))
+    return NodeChoice(chosen, runner_up, step)
 
 
 def ranked_choice(candidates: Sequence[RawTerms]) -> NodeChoice | None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from extender.placing.filter_outcome import FilterOutcome
 from extender.placing.reference import narrowed
-from topology.node_choice import DecisionKey, NodeChoice, best_bottleneck, decision_key, explain_choice
+from topology.node_choice import DecisionKey, NodeChoice, best_bottleneck, decided_by, decision_key
 from topology.scoring import RawTerms
 
 #: A passing node's scoring terms for the pod (None when it has none).
@@ -39,7 +39,6 @@ class ChoiceMemo:
     heap: list[DecisionKey] = field(default_factory=list)  # the keys, lowest first (some stale)
     best: float = 0.0  # the best multi-GPU ring bottleneck among the terms (0.0: none)
     at_best: int = 0  # how many nodes have it
-    chosen: str | None = None
     choice: NodeChoice | None = None  # the chosen node, the runner-up and why (the answer's)
     answer: FilterOutcome | None = None
     #: names that joined or left the node list since the last decision (the list moved)
@@ -60,23 +59,32 @@ class ChoiceMemo:
         if changed is not None and self.listed_changes:
             changed = changed | self.listed_changes
         self.listed_changes = set()
+        moved = True
         if changed is None or self.source is None:
             self._rank_all(outcome, terms_of)
         else:
-            self._rank_changed(changed, terms_of, passes)
+            moved = self._rank_changed(changed, terms_of, passes)
         self.cluster_version = cluster_version
-        chosen, runner_up = self._lowest_two()
-        choice = None
-        if chosen is not None:
-            chosen_terms = self.terms[chosen]
-            assert chosen_terms is not None  # only nodes with terms have keys
-            choice = explain_choice(
-                chosen_terms, self.terms[runner_up] if runner_up is not None else None, self.best
-            )
+        if not moved and outcome is self.source and self.answer is not None:
+            return self.answer  # no node ranked again: the same choice, the same answer
+        choice = self._choice()
         if self.answer is None or choice != self.choice or outcome is not self.source:
             self.answer = outcome if choice is None else narrowed(outcome, choice)
-        self.source, self.chosen, self.choice = outcome, chosen, choice
+        self.source, self.choice = outcome, choice
         return self.answer
+
+    def _choice(self) -> NodeChoice | None:
+        """The chosen node and the runner-up, with the step their (current) keys part at."""
+        chosen, runner_up = self._lowest_two()
+        if chosen is None:
+            return None
+        chosen_terms = self.terms[chosen]
+        assert chosen_terms is not None  # only nodes with terms have keys
+        if runner_up is None:
+            return NodeChoice(chosen_terms)
+        return NodeChoice(
+            chosen_terms, self.terms[runner_up], decided_by(self.keys[chosen], self.keys[runner_up])
+        )
 
     def _rank_all(self, outcome: FilterOutcome, terms_of: TermsOf) -> None:
         self.terms = {name: terms_of(name) for name in dict.fromkeys(outcome.passed)}
@@ -84,12 +92,13 @@ class ChoiceMemo:
 
     def _rank_changed(
         self, changed: frozenset[str], terms_of: TermsOf, passes: Callable[[str], bool]
-    ) -> None:
+    ) -> bool:
+        """Rank again the changed nodes that pass or passed; False when there was none."""
         redo = {name for name in changed if name in self.terms or passes(name)}
         gone = {name for name in redo if not passes(name)}
         redo -= gone
         if not redo and not gone:
-            return
+            return False
         for name in (*gone, *redo):  # no longer counted among the nodes with the best bottleneck
             if self.best > 0 and _link(self.terms.get(name)) == self.best:
                 self.at_best -= 1
@@ -102,7 +111,7 @@ class ChoiceMemo:
         self.at_best += links.count(self.best) if self.best > 0 else 0
         if max(links, default=0.0) > self.best or (self.best > 0 and self.at_best == 0):
             self._rekey()  # the best bottleneck moved: every key is ranked against it
-            return
+            return True
         for name in redo:
             found = self.terms[name]
             if found is None:
@@ -112,6 +121,7 @@ class ChoiceMemo:
                 heapq.heappush(self.heap, found_key)
         if len(self.heap) > 2 * len(self.keys) + 64:
             self._reheap()
+        return True
 
     def _rekey(self) -> None:
         known = [t for t in self.terms.values() if t is not None]

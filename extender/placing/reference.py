@@ -130,14 +130,15 @@ def narrowed(outcome: FilterOutcome, choice: NodeChoice) -> FilterOutcome:
 def filter_nodes(snapshot: ClusterSnapshot, pod: PodRequest, node_names: Sequence[str]) -> FilterOutcome:
     """Which of `node_names` fit the pod, every bucket in name order (the order asked carries no
     meaning); narrowed to the chosen node when the pod's policy decides it."""
-    passed: list[str] = []
+    placed: dict[str, Placement] = {}
     misfits: dict[str, Misfit] = {}
     for name in sorted(set(node_names)):
         outcome = node_outcome(snapshot, name, pod)
         if isinstance(outcome, Placement):
-            passed.append(name)
+            placed[name] = outcome
         else:
             misfits[name] = outcome
+    passed = list(placed)
     answer = FilterOutcome(
         tuple(passed),
         {name: m.message for name, m in misfits.items() if m.resolvable},
@@ -151,8 +152,7 @@ def filter_nodes(snapshot: ClusterSnapshot, pod: PodRequest, node_names: Sequenc
     candidates = [
         terms
         for name in passed
-        if (terms := scoring_terms(snapshot, name, pod, node_outcome(snapshot, name, pod), fragmentation))
-        is not None
+        if (terms := scoring_terms(snapshot, name, pod, placed[name], fragmentation)) is not None
     ]
     choice = ranked_choice(candidates)
     return answer if choice is None else narrowed(answer, choice)
